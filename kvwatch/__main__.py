@@ -1,0 +1,3 @@
+from kvwatch.cli import main
+
+raise SystemExit(main())
