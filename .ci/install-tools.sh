@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Install the real monitoring binaries the alert tests run: prometheus, promtool (Debian package
+# `prometheus`) and alertmanager, amtool (`prometheus-alertmanager`).
+#
+# Idempotent and non-interactive: a no-op (well under a second) when all four are already on PATH;
+# otherwise `apt-get update` (only when the package lists are missing or older than a day) and
+# `apt-get install`. Must run as root on Debian/Ubuntu.
+#
+# Debian's maintainer scripts would start both daemons (prometheus on :9090, alertmanager on :9093,
+# plus a node exporter pulled in as a recommendation). The tests start their own instances on free
+# ports, so we forbid service starts during the install (policy-rc.d exit 101), do not install
+# recommends, and stop/disable anything that started anyway.
+set -euo pipefail
+
+# Debian names the Alertmanager binary `prometheus-alertmanager`; upstream tarballs call it
+# `alertmanager`. Either satisfies us (tests/support/prometheus.py looks for both).
+have() {
+    if [ "$1" = alertmanager ]; then
+        command -v alertmanager >/dev/null 2>&1 || command -v prometheus-alertmanager >/dev/null 2>&1
+    else
+        command -v "$1" >/dev/null 2>&1
+    fi
+}
+need=(prometheus promtool alertmanager amtool)
+missing=()
+for b in "${need[@]}"; do have "$b" || missing+=("$b"); done
+if [ "${#missing[@]}" -eq 0 ]; then
+    echo "install-tools: prometheus, promtool, alertmanager, amtool already installed"
+    exit 0
+fi
+echo "install-tools: missing ${missing[*]}; installing prometheus prometheus-alertmanager"
+
+if [ "$(id -u)" -ne 0 ]; then
+    echo "install-tools: must run as root (apt-get install)" >&2
+    exit 1
+fi
+
+export DEBIAN_FRONTEND=noninteractive
+
+# Forbid invoke-rc.d from starting services while we install; restore whatever was there after.
+policy=/usr/sbin/policy-rc.d
+saved=""
+if [ -e "$policy" ]; then saved="$(mktemp)"; cp -p "$policy" "$saved"; fi
+restore_policy() {
+    if [ -n "$saved" ]; then mv -f "$saved" "$policy"; else rm -f "$policy"; fi
+}
+trap restore_policy EXIT
+printf '#!/bin/sh\nexit 101\n' >"$policy"
+chmod 755 "$policy"
+
+# Another apt run (a parallel job) may hold the dpkg lock: wait for it rather than fail.
+# Refresh package lists only if there are none or they are older than a day.
+lists=/var/lib/apt/lists
+if ! ls "$lists"/*_Packages* >/dev/null 2>&1 \
+    || [ -n "$(find "$lists" -maxdepth 1 -name '*_Packages*' -mmin +1440 -print -quit)" ]; then
+    apt-get update -qq -o DPkg::Lock::Timeout=600
+fi
+
+apt_install() {
+    apt-get install -y -qq --no-install-recommends -o DPkg::Lock::Timeout=600 \
+        -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold \
+        prometheus prometheus-alertmanager
+}
+if ! apt_install; then
+    # Stale lists (a package moved): refresh once and retry.
+    apt-get update -qq -o DPkg::Lock::Timeout=600
+    apt_install
+fi
+
+# Belt and braces: if a service manager started the daemons anyway, stop them so nothing holds
+# :9090 / :9093 (tests use free ports, but a stray daemon wastes CPU and confuses debugging).
+for svc in prometheus prometheus-alertmanager prometheus-node-exporter; do
+    if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
+        systemctl disable --now "$svc" >/dev/null 2>&1 || true
+    elif [ -x "/etc/init.d/$svc" ]; then
+        "/etc/init.d/$svc" stop >/dev/null 2>&1 || true
+    fi
+done
+
+for b in "${need[@]}"; do
+    have "$b" || { echo "install-tools: $b still missing" >&2; exit 1; }
+done
+echo "install-tools: $(prometheus --version 2>&1 | head -1)"
+am="$(command -v alertmanager || command -v prometheus-alertmanager)"
+echo "install-tools: $("$am" --version 2>&1 | head -1)"
