@@ -1,0 +1,507 @@
+"""Helpers for the real-vLLM e2e lane: processes (vLLM, kvwatch run, kvwatch record), a load driver, and an
+observer that samples kvwatch's and vLLM's /metrics over HTTP while a scenario runs.
+
+Everything binds to 127.0.0.1 on ports chosen free at run time; every process is started in its own session
+(process group) and the whole group is killed on teardown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+REPO = Path(__file__).resolve().parents[2]
+E2E_DIR = Path(__file__).resolve().parent
+ARTIFACTS = REPO / "artifacts" / "e2e"
+MODEL_NAME = "tiny-llama-dummy"
+HOST = "127.0.0.1"
+
+#: flags every server gets (the CPU attention backend needs a block size that is a multiple of 32)
+BASE_SERVER_ARGS = ["--load-format", "dummy", "--dtype", "bfloat16", "--block-size", "32"]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+def log(msg: str) -> None:
+    print(f"[e2e {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def tail(path: Path, n: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return "(no log)"
+
+
+# --------------------------------------------------------------------------------------------- processes
+
+
+class ManagedProcess:
+    """A child process in its own process group, logging to a file; stop() kills the whole group."""
+
+    def __init__(self, argv: list[str], log_path: Path, env: dict[str, str] | None = None,
+                 cwd: Path | None = None):
+        self.argv = argv
+        self.log_path = log_path
+        self.env = env
+        self.cwd = cwd
+        self.proc: subprocess.Popen | None = None
+        self._log = None
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "ab")
+        self._log.write(f"\n### start {time.time():.3f}: {' '.join(self.argv)}\n".encode())
+        self._log.flush()
+        self.proc = subprocess.Popen(
+            self.argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env=self.env, cwd=self.cwd, start_new_session=True,
+        )
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, grace: float = 15.0, sig: int = signal.SIGTERM) -> int | None:
+        """Signal the whole process group, wait up to ``grace`` s, then SIGKILL the group."""
+        if self.proc is None:
+            return None
+        pgid = self.proc.pid  # start_new_session: the child leads its own group
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            self.proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            pass
+        # children (vLLM's engine core and workers) may outlive the leader: always sweep the group
+        deadline = time.monotonic() + grace
+        while _group_alive(pgid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        while _group_alive(pgid) and time.monotonic() < deadline + 10:
+            time.sleep(0.2)
+        if self._log:
+            self._log.close()
+            self._log = None
+        return self.proc.returncode
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def vllm_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "PYTHONPATH"))}
+    env.update(
+        VLLM_TARGET_DEVICE="cpu",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        VLLM_NO_USAGE_STATS="1",
+        DO_NOT_TRACK="1",
+        TOKENIZERS_PARALLELISM="false",
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+class VllmServer(ManagedProcess):
+    """``python -m vllm.entrypoints.openai.api_server`` on a free loopback port, with the tiny dummy model."""
+
+    def __init__(self, python: str, model_dir: Path, args: list[str], log_path: Path,
+                 port: int | None = None):
+        self.port = port or free_port()
+        self.args = list(args)
+        argv = [
+            python, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(model_dir), "--served-model-name", MODEL_NAME,
+            "--host", HOST, "--port", str(self.port),
+            *BASE_SERVER_ARGS, *self.args,
+        ]
+        super().__init__(argv, log_path, env=vllm_env(), cwd=log_path.parent)
+        self.startup_seconds: list[float] = []
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"{self.base_url}/metrics"
+
+    def start_and_wait(self, timeout: float = 420.0) -> float:
+        """Start the server and block until GET /health is 200. Raises (never skips) if it cannot start."""
+        t0 = time.monotonic()
+        log(f"starting vLLM on :{self.port} with {' '.join(self.args)}")
+        self.start()
+        deadline = t0 + timeout
+        with httpx.Client(timeout=2.0) as client:
+            while True:
+                if not self.running():
+                    raise RuntimeError(
+                        f"vLLM exited with status {self.proc.returncode} during start-up; "
+                        f"log {self.log_path}:\n{tail(self.log_path)}"
+                    )
+                try:
+                    if client.get(f"{self.base_url}/health").status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(
+                        f"vLLM did not become healthy within {timeout:.0f} s; log {self.log_path}:\n"
+                        f"{tail(self.log_path)}"
+                    )
+                time.sleep(0.5)
+        took = time.monotonic() - t0
+        self.startup_seconds.append(took)
+        log(f"vLLM healthy on :{self.port} after {took:.1f} s")
+        return took
+
+
+def kvwatch_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "kvwatch", *args]
+
+
+def project_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONUNBUFFERED"] = "1"
+    # the sidecar is configured by its flags only in these tests
+    for k in [k for k in env if k.startswith("KVWATCH_")]:
+        del env[k]
+    return env
+
+
+class Kvwatch(ManagedProcess):
+    """``python -m kvwatch run --target URL --listen 127.0.0.1:PORT --interval 1 [hints]`` — as in production."""
+
+    def __init__(self, target: str, log_path: Path, extra: Iterable[str] = ()):
+        self.port = free_port()
+        self.target = target
+        self.extra = list(extra)
+        argv = kvwatch_argv("run", "--target", target, "--listen", f"{HOST}:{self.port}",
+                            "--interval", "1", *self.extra)
+        super().__init__(argv, log_path, env=project_env(), cwd=REPO)
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    def start_and_wait(self, timeout: float = 30.0) -> None:
+        self.start()
+        deadline = time.monotonic() + timeout
+        with httpx.Client(timeout=2.0) as client:
+            while True:
+                if not self.running():
+                    raise RuntimeError(f"kvwatch run exited with {self.proc.returncode}:\n{tail(self.log_path)}")
+                try:
+                    if client.get(f"{self.url}/readyz").status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"kvwatch not ready within {timeout} s:\n{tail(self.log_path)}")
+                time.sleep(0.2)
+
+
+class Recorder(ManagedProcess):
+    """``python -m kvwatch record URL --out DIR --duration S``: the scenario's recording, kept as an artefact."""
+
+    def __init__(self, target: str, out_dir: Path, duration: float, log_path: Path):
+        self.out_dir = out_dir
+        self.duration = duration
+        argv = kvwatch_argv("record", target, "--out", str(out_dir), "--duration", f"{duration:g}")
+        super().__init__(argv, log_path, env=project_env(), cwd=REPO)
+
+    def finish(self, extra_wait: float = 10.0) -> int | None:
+        """Let it end by itself (its --duration), else stop it; returns its exit status."""
+        if self.proc is None:
+            return None
+        try:
+            self.proc.wait(timeout=extra_wait)
+        except subprocess.TimeoutExpired:
+            log("kvwatch record outlived its --duration; stopping it")
+            self.stop(grace=5)
+        if self._log:
+            self._log.close()
+            self._log = None
+        return self.proc.returncode
+
+    def files(self) -> list[Path]:
+        return sorted(self.out_dir.glob("*.prom")) if self.out_dir.exists() else []
+
+
+# --------------------------------------------------------------------------------------------- load
+
+
+@dataclass
+class LoadResult:
+    sent: int = 0
+    ok: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    errors: list[str] = field(default_factory=list)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    started: float = 0.0
+    ended: float = 0.0
+
+    @property
+    def seconds(self) -> float:
+        return self.ended - self.started
+
+    def as_dict(self) -> dict:
+        d = {k: v for k, v in self.__dict__.items() if k != "errors"}
+        d["errors"] = self.errors[:5]
+        d["seconds"] = round(self.seconds, 2)
+        return d
+
+
+async def drive_load(
+    base_url: str,
+    *,
+    num_requests: int,
+    input_len: int,
+    output_len: int,
+    vocab_size: int,
+    concurrency: int | None = None,
+    request_rate: float | None = None,
+    max_seconds: float,
+    seed: int = 0,
+) -> LoadResult:
+    """Send ``num_requests`` completions of exactly ``input_len`` random prompt tokens (token-id prompts, so no
+    tokenizer is needed and the prefix cache never hits) and ``output_len`` generated tokens (``ignore_eos``).
+
+    ``concurrency`` caps requests in flight (None: all at once); ``request_rate`` spaces starts as a Poisson
+    process. Bounded in count and in time: whatever is still in flight after ``max_seconds`` is cancelled (the
+    client disconnects and vLLM aborts it).
+    """
+    rng = random.Random(seed)
+    res = LoadResult(started=time.monotonic())
+    sem = asyncio.Semaphore(concurrency) if concurrency else None
+    limits = httpx.Limits(max_connections=concurrency or num_requests, max_keepalive_connections=64)
+
+    async with httpx.AsyncClient(base_url=base_url, timeout=httpx.Timeout(max_seconds + 30),
+                                 limits=limits) as client:
+
+        async def one(i: int, prompt: list[int]) -> None:
+            async def call() -> None:
+                res.sent += 1
+                r = await client.post("/v1/completions", json={
+                    "model": MODEL_NAME, "prompt": prompt, "max_tokens": output_len,
+                    "ignore_eos": True, "temperature": 0.0, "stream": False,
+                })
+                if r.status_code != 200:
+                    res.failed += 1
+                    res.errors.append(f"{r.status_code}: {r.text[:200]}")
+                    return
+                usage = r.json().get("usage") or {}
+                res.ok += 1
+                res.prompt_tokens += usage.get("prompt_tokens", 0)
+                res.completion_tokens += usage.get("completion_tokens", 0)
+
+            try:
+                if sem:
+                    async with sem:
+                        await call()
+                else:
+                    await call()
+            except httpx.HTTPError as e:
+                res.failed += 1
+                res.errors.append(f"{type(e).__name__}: {e}")
+
+        async def spawn() -> list[asyncio.Task]:
+            tasks = []
+            for i in range(num_requests):
+                prompt = [rng.randrange(2, vocab_size) for _ in range(input_len)]
+                tasks.append(asyncio.create_task(one(i, prompt)))
+                if request_rate:
+                    await asyncio.sleep(rng.expovariate(request_rate))
+            return tasks
+
+        tasks: list[asyncio.Task] = []
+        spawner = asyncio.create_task(spawn())
+        deadline = res.started + max_seconds
+        try:
+            tasks = await asyncio.wait_for(spawner, timeout=max_seconds)
+            remaining = max(0.0, deadline - time.monotonic())
+            if tasks:
+                _, pending = await asyncio.wait(tasks, timeout=remaining)
+                for t in pending:
+                    t.cancel()
+                res.cancelled = len(pending)
+                await asyncio.gather(*pending, return_exceptions=True)
+        except asyncio.TimeoutError:
+            res.cancelled = num_requests - res.ok - res.failed
+    res.ended = time.monotonic()
+    return res
+
+
+# --------------------------------------------------------------------------------------------- metrics
+
+
+def parse_metrics(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """Prometheus text → {sample name: [(labels, value), ...]} using prometheus_client's parser."""
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out.setdefault(s.name, []).append((dict(s.labels), float(s.value)))
+    return out
+
+
+class Snapshot:
+    """One parsed /metrics body with label-subset look-ups."""
+
+    def __init__(self, t: float, text: str):
+        self.t = t
+        self.samples = parse_metrics(text)
+
+    def series(self, name: str, **labels: str) -> list[tuple[dict[str, str], float]]:
+        return [(l, v) for l, v in self.samples.get(name, [])
+                if all(l.get(k) == want for k, want in labels.items())]
+
+    def value(self, name: str, **labels: str) -> float | None:
+        found = self.series(name, **labels)
+        if len(found) > 1:
+            raise AssertionError(f"{name}{labels} matches {len(found)} series: {found}")
+        return found[0][1] if found else None
+
+    def state(self, name: str, label: str, **labels: str) -> str | None:
+        """The one label value whose state-set series is 1 (None if absent); asserts exactly one is 1."""
+        found = self.series(name, **labels)
+        if not found:
+            return None
+        on = [l[label] for l, v in found if v == 1]
+        assert len(on) == 1, f"{name}{labels}: exactly one state must be 1, got {found}"
+        return on[0]
+
+
+@dataclass
+class Sample:
+    t: float
+    kv: Snapshot | None          # kvwatch /metrics (None if it could not be read)
+    vllm: Snapshot | None        # vLLM /metrics read by the test itself (None while the server is down)
+
+
+class Observer:
+    """Samples kvwatch's /metrics (and vLLM's, as independent ground truth) about once a second."""
+
+    def __init__(self, kvwatch_url: str, vllm_metrics_url: str | None, period: float = 1.0):
+        self.kvwatch_url = kvwatch_url
+        self.vllm_metrics_url = vllm_metrics_url
+        self.period = period
+        self.samples: list[Sample] = []
+        self.raw: list[dict] = []
+        self._stop = asyncio.Event()
+
+    async def run(self) -> None:
+        async with httpx.AsyncClient(timeout=2.0) as client:
+            while not self._stop.is_set():
+                t = time.time()
+                kv_text = vl_text = None
+                kv = vl = None
+                try:
+                    r = await client.get(f"{self.kvwatch_url}/metrics")
+                    if r.status_code == 200:
+                        kv_text = r.text
+                        kv = Snapshot(t, kv_text)
+                except httpx.HTTPError:
+                    pass
+                if self.vllm_metrics_url:
+                    try:
+                        r = await client.get(self.vllm_metrics_url)
+                        if r.status_code == 200:
+                            vl_text = r.text
+                            vl = Snapshot(t, vl_text)
+                    except httpx.HTTPError:
+                        pass
+                self.samples.append(Sample(t, kv, vl))
+                self.raw.append({"t": t, "kvwatch": kv_text})
+                try:
+                    await asyncio.wait_for(self._stop.wait(), timeout=max(0.0, self.period - (time.time() - t)))
+                except asyncio.TimeoutError:
+                    pass
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def dump(self, path: Path) -> None:
+        """kvwatch's own /metrics bodies, one JSON line per sample (what the test saw)."""
+        with open(path, "w") as f:
+            for r in self.raw:
+                f.write(json.dumps(r) + "\n")
+
+
+async def observe_while(observer: Observer, coro, settle: float = 0.0):
+    """Run ``coro`` (the load) with ``observer`` sampling; keep sampling ``settle`` s after it ends."""
+    task = asyncio.create_task(observer.run())
+    try:
+        result = await coro
+        if settle:
+            await asyncio.sleep(settle)
+        return result
+    finally:
+        observer.stop()
+        await task
+
+
+# --------------------------------------------------------------------------------------------- figures
+
+
+def vllm_gauge(s: Snapshot, name: str) -> float | None:
+    return s.value(f"vllm:{name}", model_name=MODEL_NAME, engine="0")
+
+
+def summarize(values: list[float]) -> dict:
+    if not values:
+        return {"n": 0}
+    return {"n": len(values), "min": min(values), "max": max(values),
+            "mean": round(sum(values) / len(values), 3)}
+
+
+def counts(items: Iterable[str | None]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for i in items:
+        out[str(i)] = out.get(str(i), 0) + 1
+    return out
+
+
+def finite(v: float | None) -> bool:
+    return v is not None and not math.isnan(v) and not math.isinf(v)
