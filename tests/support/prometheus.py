@@ -1,0 +1,435 @@
+"""Run the real Prometheus, Alertmanager and kvwatch as subprocesses on free loopback ports.
+
+Shared by the alert tests and the dashboard tests. Synchronous and small; every process runs in its own
+session, logs to a file in its work dir, and is killed (process group) on ``stop()`` / context exit, and at
+interpreter exit as a last resort. Missing binaries raise ``BinaryMissing`` (the tests *fail*: CI installs
+them with ``.ci/install-tools.sh``).
+
+API::
+
+    free_port() -> int                          # a free TCP port on 127.0.0.1
+    find_binary("promtool") -> str              # absolute path or BinaryMissing
+                                                # ("alertmanager" also finds Debian's "prometheus-alertmanager")
+
+    with Prometheus(config, workdir, rule_files=[...]) as prom:
+        # config: dict (dumped as YAML) or YAML text; rule_files are added to config["rule_files"].
+        prom.url                                # "http://127.0.0.1:PORT"
+        prom.query("up")                        # instant query -> list of {"metric": {...}, "value": [t, "v"]}
+        prom.query_range("up", start, end, step)  # -> list of {"metric": {...}, "values": [[t, "v"], ...]}
+        prom.value("sum(up)")                   # first sample as float, or None when the result is empty
+        prom.alerts()                           # /api/v1/alerts -> list of alert dicts (state pending|firing)
+        prom.rules()                            # /api/v1/rules  -> list of groups
+        prom.targets()                          # /api/v1/targets -> active targets
+        prom.wait_for(lambda: prom.value("up") == 1, timeout=60, what="target up")
+
+    with Alertmanager(config, workdir) as am:    # cluster listener disabled
+        am.url
+        am.alerts(active=True, silenced=..., inhibited=...)   # /api/v2/alerts -> list
+
+    with Kvwatch(["run", "--target", url, "--interval", "1"], workdir) as kv:
+        kv.url, kv.port                         # "--listen 127.0.0.1:PORT" is added for you; waits for /readyz
+        kv.get("/metrics") -> str
+
+    with WebhookReceiver() as rx:               # stdlib HTTP server in a thread recording every POST
+        rx.url                                  # "http://127.0.0.1:PORT"
+        rx.requests                             # list of Received(path, headers, body, json)
+        rx.wait_for(lambda reqs: ..., timeout=60, what="...")
+
+``wait_for`` polls (0.25 s) until the predicate returns something truthy and returns it, raising
+``TimeoutError`` with ``what`` and the tail of the process log otherwise. Timeouts are generous upper bounds
+for slow CI machines, not assertions about speed.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
+
+import httpx
+import yaml
+
+__all__ = [
+    "Alertmanager",
+    "BinaryMissing",
+    "Kvwatch",
+    "ManagedProcess",
+    "Prometheus",
+    "Received",
+    "WebhookReceiver",
+    "find_binary",
+    "free_port",
+    "wait_for",
+]
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+T = TypeVar("T")
+
+_ALIASES = {"alertmanager": ("alertmanager", "prometheus-alertmanager")}
+_LIVE: "weakref.WeakSet[ManagedProcess]" = weakref.WeakSet()
+
+
+class BinaryMissing(RuntimeError):
+    """A required program is not on PATH."""
+
+
+def find_binary(name: str) -> str:
+    """Absolute path of ``name`` on PATH (Alertmanager under either of its names) or ``BinaryMissing``."""
+    for candidate in _ALIASES.get(name, (name,)):
+        path = shutil.which(candidate)
+        if path:
+            return path
+    raise BinaryMissing(f"{name!r} not found on PATH; install it with `bash .ci/install-tools.sh` (as root)")
+
+
+def free_port() -> int:
+    """A TCP port that was free on 127.0.0.1 a moment ago (the kernel picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(predicate: Callable[[], T], timeout: float = 60.0, what: str = "condition",
+             interval: float = 0.25, on_timeout: Callable[[], str] | None = None) -> T:
+    """Poll ``predicate`` until it returns a truthy value (returned). Exceptions count as "not yet"."""
+    deadline = time.monotonic() + timeout
+    last_exc: BaseException | None = None
+    while True:
+        try:
+            result = predicate()
+            if result:
+                return result
+        except Exception as exc:  # noqa: BLE001 - polling: report the last one on timeout
+            last_exc = exc
+        if time.monotonic() >= deadline:
+            detail = f" (last error: {last_exc!r})" if last_exc else ""
+            extra = f"\n{on_timeout()}" if on_timeout else ""
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}{detail}{extra}")
+        time.sleep(interval)
+
+
+def _cleanup_all() -> None:
+    for proc in list(_LIVE):
+        proc.stop()
+
+
+atexit.register(_cleanup_all)
+
+
+class ManagedProcess:
+    """A subprocess on a free port, started in its own session, readiness-polled over HTTP."""
+
+    name = "process"
+    ready_path = "/-/ready"
+    start_timeout = 60.0
+
+    def __init__(self, workdir: Path | str, env: Mapping[str, str] | None = None):
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.env = dict(env) if env is not None else None
+        self.port = 0
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = self.workdir / f"{self.name}.log"
+        self._http = httpx.Client(timeout=10.0, trust_env=False)
+
+    # -- to override ---------------------------------------------------------------------------
+    def command(self, port: int) -> list[str]:
+        raise NotImplementedError
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> "ManagedProcess":
+        """Start on a free port and wait until ``ready_path`` answers 200. Retries if the port was taken."""
+        for attempt in range(3):
+            self.port = free_port()
+            cmd = self.command(self.port)
+            with open(self.log_path, "ab") as log:
+                log.write(f"\n$ {' '.join(cmd)}\n".encode())
+                log.flush()
+                self.proc = subprocess.Popen(
+                    cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    cwd=self.workdir, env=self.env, start_new_session=True,
+                )
+            _LIVE.add(self)
+            try:
+                wait_for(self._ready, timeout=self.start_timeout, what=f"{self.name} ready on {self.url}",
+                         on_timeout=self.log_tail)
+                return self
+            except (TimeoutError, RuntimeError):
+                exited = self.proc.poll() is not None
+                self.stop()
+                if exited and "address already in use" in self.log_tail().lower() and attempt < 2:
+                    continue
+                raise
+        raise AssertionError("unreachable")
+
+    def _ready(self) -> bool:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise RuntimeError(f"{self.name} exited with status {self.proc.returncode}:\n{self.log_tail()}")
+        try:
+            return self._http.get(self.url + self.ready_path, timeout=2.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM the process group, SIGKILL after ``timeout``. Safe to call twice."""
+        proc, self.proc = self.proc, None
+        _LIVE.discard(self)
+        if proc is None or proc.poll() is not None:
+            return
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait(5)
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return f"--- last lines of {self.log_path} ---\n" + "\n".join(text.splitlines()[-lines:])
+
+    def get(self, path: str, **params: Any) -> str:
+        resp = self._http.get(self.url + path, params=params or None)
+        resp.raise_for_status()
+        return resp.text
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+        self._http.close()
+
+
+def _dump_config(config: Mapping[str, Any] | str) -> str:
+    return config if isinstance(config, str) else yaml.safe_dump(dict(config), sort_keys=False)
+
+
+class Prometheus(ManagedProcess):
+    """The real ``prometheus`` server with a temp TSDB; ``--web.enable-lifecycle`` for ``reload()``."""
+
+    name = "prometheus"
+
+    def __init__(self, config: Mapping[str, Any] | str, workdir: Path | str,
+                 rule_files: Iterable[Path | str] = (), extra_args: Sequence[str] = ()):
+        super().__init__(workdir)
+        cfg = yaml.safe_load(_dump_config(config)) or {}
+        rules = [str(Path(p).resolve()) for p in rule_files]
+        if rules:
+            cfg["rule_files"] = list(cfg.get("rule_files") or []) + rules
+        self.config_path = self.workdir / "prometheus.yml"
+        self.config_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        self.extra_args = list(extra_args)
+        self.binary = find_binary("prometheus")
+
+    def command(self, port: int) -> list[str]:
+        return [
+            self.binary,
+            f"--config.file={self.config_path}",
+            f"--storage.tsdb.path={self.workdir / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--web.enable-lifecycle",
+            "--log.level=info",
+            *self.extra_args,
+        ]
+
+    def _api(self, path: str, **params: Any) -> Any:
+        resp = self._http.get(f"{self.url}/api/v1/{path}", params=params or None)
+        body = resp.json()
+        if body.get("status") != "success":
+            raise RuntimeError(f"{path} {params}: {body.get('errorType')}: {body.get('error')}")
+        return body["data"]
+
+    def query(self, expr: str, time: float | None = None) -> list[dict[str, Any]]:
+        params: dict[str, Any] = {"query": expr}
+        if time is not None:
+            params["time"] = time
+        data = self._api("query", **params)
+        if data["resultType"] in ("scalar", "string"):
+            return [{"metric": {}, "value": data["result"]}]
+        return data["result"]
+
+    def query_range(self, expr: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
+        return self._api("query_range", query=expr, start=start, end=end, step=step)["result"]
+
+    def value(self, expr: str, time: float | None = None) -> float | None:
+        result = self.query(expr, time)
+        return float(result[0]["value"][1]) if result else None
+
+    def alerts(self) -> list[dict[str, Any]]:
+        return self._api("alerts")["alerts"]
+
+    def rules(self) -> list[dict[str, Any]]:
+        return self._api("rules")["groups"]
+
+    def targets(self) -> list[dict[str, Any]]:
+        return self._api("targets")["activeTargets"]
+
+    def reload(self) -> None:
+        self._http.post(self.url + "/-/reload").raise_for_status()
+
+    def wait_for(self, predicate: Callable[[], T], timeout: float = 60.0, what: str = "condition") -> T:
+        return wait_for(predicate, timeout, what, on_timeout=self.log_tail)
+
+
+class Alertmanager(ManagedProcess):
+    """The real Alertmanager, single node (``--cluster.listen-address=`` disables gossip)."""
+
+    name = "alertmanager"
+
+    def __init__(self, config: Mapping[str, Any] | str, workdir: Path | str, extra_args: Sequence[str] = ()):
+        super().__init__(workdir)
+        self.config_path = self.workdir / "alertmanager.yml"
+        self.config_path.write_text(_dump_config(config))
+        self.extra_args = list(extra_args)
+        self.binary = find_binary("alertmanager")
+
+    def command(self, port: int) -> list[str]:
+        return [
+            self.binary,
+            f"--config.file={self.config_path}",
+            f"--storage.path={self.workdir / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--cluster.listen-address=",
+            "--log.level=debug",
+            *self.extra_args,
+        ]
+
+    def alerts(self, active: bool = True, silenced: bool = True, inhibited: bool = True,
+               filters: Sequence[str] = ()) -> list[dict[str, Any]]:
+        params: list[tuple[str, str]] = [
+            ("active", str(active).lower()), ("silenced", str(silenced).lower()),
+            ("inhibited", str(inhibited).lower()),
+        ] + [("filter", f) for f in filters]
+        resp = self._http.get(self.url + "/api/v2/alerts", params=params)
+        resp.raise_for_status()
+        return resp.json()
+
+    def wait_for(self, predicate: Callable[[], T], timeout: float = 60.0, what: str = "condition") -> T:
+        return wait_for(predicate, timeout, what, on_timeout=self.log_tail)
+
+
+class Kvwatch(ManagedProcess):
+    """``python -m kvwatch <args> --listen 127.0.0.1:PORT`` from this checkout; ready when /readyz is 200.
+
+    For other subcommands that serve HTTP (e.g. ``sim``) pass ``listen_flag`` (``"--port"`` gets just the
+    port, ``"--listen"`` gets ``127.0.0.1:PORT``) and ``ready_path``.
+    """
+
+    name = "kvwatch"
+
+    def __init__(self, args: Sequence[str], workdir: Path | str, env: Mapping[str, str] | None = None,
+                 listen_flag: str = "--listen", ready_path: str = "/readyz", name: str | None = None):
+        if name:
+            self.name = name
+        base_env = dict(os.environ)
+        base_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), base_env.get("PYTHONPATH")]))
+        base_env.update(env or {})
+        super().__init__(workdir, env=base_env)
+        self.args = list(args)
+        self.listen_flag = listen_flag
+        self.ready_path = ready_path
+
+    def command(self, port: int) -> list[str]:
+        value = str(port) if self.listen_flag == "--port" else f"127.0.0.1:{port}"
+        return [sys.executable, "-m", "kvwatch", *self.args, self.listen_flag, value]
+
+
+# -- local stand-ins for Slack / PagerDuty / heartbeat endpoints -------------------------------------
+
+@dataclass
+class Received:
+    path: str
+    headers: dict[str, str]
+    body: bytes
+    json: Any = None
+    at: float = field(default_factory=time.time)
+
+
+class WebhookReceiver:
+    """Records every POST (any path) and answers 200 ``{"ok": true}`` - enough for Slack, PagerDuty v2
+    (which wants 202; Alertmanager accepts any 2xx) and generic webhooks."""
+
+    def __init__(self, status: int = 200):
+        self.requests: list[Received] = []
+        self._lock = threading.Lock()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - stdlib API
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length)
+                try:
+                    parsed = json.loads(body) if body else None
+                except ValueError:
+                    parsed = None
+                with outer._lock:
+                    outer.requests.append(Received(self.path, dict(self.headers), body, parsed))
+                payload = b'{"ok": true, "status": "success"}'
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self.port = self._server.server_address[1]
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def snapshot(self) -> list[Received]:
+        with self._lock:
+            return list(self.requests)
+
+    def wait_for(self, predicate: Callable[[list[Received]], T], timeout: float = 60.0,
+                 what: str = "request") -> T:
+        return wait_for(lambda: predicate(self.snapshot()), timeout, what,
+                        on_timeout=lambda: f"received so far: {[r.json for r in self.snapshot()]}")
+
+    def start(self) -> "WebhookReceiver":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def __enter__(self) -> "WebhookReceiver":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
