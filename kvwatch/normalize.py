@@ -1,0 +1,259 @@
+"""Map every vLLM release's metric names onto one canonical snapshot per (model_name, engine).
+
+Names by release (from vLLM's ``vllm/engine/metrics.py`` for V0 and ``vllm/v1/metrics/loggers.py`` for V1):
+- V0 (<= 0.10): no ``engine`` label; ``gpu_cache_usage_perc``, ``num_requests_swapped``,
+  ``time_per_output_token_seconds``, ``gpu_prefix_cache_hit_rate`` (a gauge), ``cache_config_info``
+  without ``model_name``.
+- V1 0.8-0.11: ``engine`` label; ``gpu_cache_usage_perc`` then also ``kv_cache_usage_perc`` (0.9-0.11
+  export both with equal values: take one, never sum); ``gpu_prefix_cache_{queries,hits}_total``.
+- V1 0.12+ (0.32 in tests/fixtures): ``kv_cache_usage_perc``, ``prefix_cache_{queries,hits}_total``,
+  ``prompt_tokens_by_source_total{source}``, ``inter_token_latency_seconds``,
+  ``num_requests_waiting_by_reason{reason}``; ``cache_config_info`` per engine without ``model_name``.
+- Ray Serve deployments prefix everything with ``ray_vllm:``.
+Unknown families are ignored.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from kvwatch.parse import Family
+
+__all__ = ["CacheConfig", "EngineSnapshot", "Histogram", "KEEP_FAMILIES", "normalize", "OVERFLOW"]
+
+OVERFLOW = "_overflow"
+
+# canonical name -> vLLM family names, most recent first. The first one present wins.
+GAUGES: dict[str, tuple[str, ...]] = {
+    "kv_cache_usage_ratio": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+    "requests_running": ("vllm:num_requests_running",),
+    "requests_waiting": ("vllm:num_requests_waiting",),
+    "requests_swapped": ("vllm:num_requests_swapped",),
+    "prefix_cache_hit_rate": ("vllm:gpu_prefix_cache_hit_rate",),  # V0 only: a ratio, not counters
+}
+# Counters by family name (prometheus_client convention: without _total).
+COUNTERS: dict[str, tuple[str, ...]] = {
+    "preemptions": ("vllm:num_preemptions",),
+    "prompt_tokens": ("vllm:prompt_tokens",),
+    "generation_tokens": ("vllm:generation_tokens",),
+    "prefix_cache_queries": ("vllm:prefix_cache_queries", "vllm:gpu_prefix_cache_queries"),
+    "prefix_cache_hits": ("vllm:prefix_cache_hits", "vllm:gpu_prefix_cache_hits"),
+    "requests_finished": ("vllm:request_success",),
+}
+HISTOGRAMS: dict[str, tuple[str, ...]] = {
+    "iteration_tokens": ("vllm:iteration_tokens_total",),
+    "request_prompt_tokens": ("vllm:request_prompt_tokens",),
+    "request_generation_tokens": ("vllm:request_generation_tokens",),
+    "time_to_first_token_seconds": ("vllm:time_to_first_token_seconds",),
+    "inter_token_latency_seconds": ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
+    "queue_time_seconds": ("vllm:request_queue_time_seconds",),
+}
+PROMPT_BY_SOURCE = "vllm:prompt_tokens_by_source"  # {source="local_compute"} is the prefill work done
+WAITING_BY_REASON = "vllm:num_requests_waiting_by_reason"
+CACHE_CONFIG = "vllm:cache_config_info"
+LORA_INFO = "vllm:lora_requests_info"
+
+KEEP_FAMILIES: frozenset[str] = frozenset(
+    [n for names in (*GAUGES.values(), *COUNTERS.values(), *HISTOGRAMS.values()) for n in names]
+    + [PROMPT_BY_SOURCE, WAITING_BY_REASON, CACHE_CONFIG, LORA_INFO]
+)
+_RAY = "ray_vllm:"
+
+
+def keep_family(name: str) -> bool:
+    """The parser's filter: only the families normalize reads are tokenised."""
+    if name.startswith(_RAY):
+        name = "vllm:" + name[len(_RAY) :]
+    return name in KEEP_FAMILIES
+
+
+@dataclass(slots=True)
+class Histogram:
+    bounds: tuple[float, ...]  # bucket upper bounds, ascending, last is +Inf
+    counts: list[float]  # cumulative counts per bound
+    sum: float = 0.0
+    count: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class CacheConfig:
+    block_size: int | None = None
+    num_gpu_blocks: int | None = None
+    kv_cache_size_tokens: int | None = None
+    kv_cache_max_concurrency: float | None = None
+    cache_dtype: str | None = None
+    enable_prefix_caching: bool | None = None
+    gpu_memory_utilization: float | None = None
+    kv_cache_memory_bytes: int | None = None  # set when --kv-cache-memory-bytes overrides gpu_memory_utilization
+
+    @property
+    def capacity_tokens(self) -> int | None:
+        if self.kv_cache_size_tokens:
+            return self.kv_cache_size_tokens
+        if self.num_gpu_blocks and self.block_size:
+            return self.num_gpu_blocks * self.block_size
+        return None
+
+    @property
+    def max_model_len(self) -> int | None:
+        """vLLM reports concurrency at max_model_len, so capacity / concurrency recovers it."""
+        cap = self.capacity_tokens
+        if cap and self.kv_cache_max_concurrency:
+            return round(cap / self.kv_cache_max_concurrency)
+        return None
+
+
+@dataclass(slots=True)
+class EngineSnapshot:
+    model_name: str
+    engine: str
+    gauges: dict[str, float] = field(default_factory=dict)
+    counters: dict[str, float] = field(default_factory=dict)
+    histograms: dict[str, Histogram] = field(default_factory=dict)
+    cache: CacheConfig | None = None
+    lora_running: int | None = None
+    lora_waiting: int | None = None
+    max_lora: int | None = None
+
+
+def _num(value: str | None, kind=float):
+    if value is None or value in ("", "None", "none", "null"):
+        return None
+    try:
+        x = float(value)
+    except ValueError:
+        return None
+    if not math.isfinite(x):
+        return None
+    return int(x) if kind is int else x
+
+
+def _cache_config(labels: dict[str, str]) -> CacheConfig:
+    pc = labels.get("enable_prefix_caching")
+    return CacheConfig(
+        block_size=_num(labels.get("block_size"), int),
+        num_gpu_blocks=_num(labels.get("num_gpu_blocks"), int),
+        kv_cache_size_tokens=_num(labels.get("kv_cache_size_tokens"), int),
+        kv_cache_max_concurrency=_num(labels.get("kv_cache_max_concurrency")),
+        cache_dtype=labels.get("cache_dtype"),
+        enable_prefix_caching=None if pc is None else pc.lower() == "true",
+        gpu_memory_utilization=_num(labels.get("gpu_memory_utilization")),
+        kv_cache_memory_bytes=_num(labels.get("kv_cache_memory_bytes"), int),
+    )
+
+
+def _adapters(value: str | None) -> int:
+    return len([a for a in (value or "").split(",") if a.strip()])
+
+
+def normalize(families: dict[str, Family], max_engines: int = 64) -> dict[tuple[str, str], EngineSnapshot]:
+    """Canonical snapshots keyed by (model_name, engine). Empty if no vLLM series is present.
+
+    Beyond ``max_engines`` distinct keys, the rest fold into (``_overflow``, ``_overflow``) so a
+    misbehaving upstream cannot blow up our own series count.
+    """
+    fams = {(n.replace(_RAY, "vllm:", 1) if n.startswith(_RAY) else n): f for n, f in families.items()}
+    keys: dict[tuple[str, str], tuple[str, str]] = {}
+    out: dict[tuple[str, str], EngineSnapshot] = {}
+
+    def snap(labels: dict[str, str]) -> EngineSnapshot:
+        raw = (labels.get("model_name", ""), labels.get("engine", "0"))
+        key = keys.get(raw)
+        if key is None:
+            key = keys[raw] = raw if len(keys) < max_engines else (OVERFLOW, OVERFLOW)
+        s = out.get(key)
+        if s is None:
+            s = out[key] = EngineSnapshot(*key)
+        return s
+
+    for canon, names in GAUGES.items():
+        fam = next((fams[n] for n in names if n in fams and fams[n].samples), None)
+        if fam is None:
+            continue
+        for smp in fam.samples:
+            if not math.isfinite(smp.value):
+                continue
+            g = snap(smp.labels).gauges
+            # Ratios fold by max (an overflow bucket must not read above 1); counts add.
+            g[canon] = max(g.get(canon, 0.0), smp.value) if canon.endswith(("ratio", "rate")) else g.get(canon, 0.0) + smp.value
+
+    fam = fams.get(WAITING_BY_REASON)
+    if fam is not None:
+        for smp in fam.samples:
+            reason = smp.labels.get("reason", "")
+            if reason in ("capacity", "deferred") and math.isfinite(smp.value):
+                g = snap(smp.labels).gauges
+                g["requests_waiting_" + reason] = g.get("requests_waiting_" + reason, 0.0) + smp.value
+
+    for canon, names in COUNTERS.items():
+        fam = next((fams[n] for n in names if n in fams and fams[n].samples), None)
+        if fam is None:
+            continue
+        for smp in fam.samples:
+            if smp.name.endswith("_created") or not math.isfinite(smp.value):
+                continue
+            c = snap(smp.labels).counters
+            c[canon] = c.get(canon, 0.0) + smp.value
+
+    fam = fams.get(PROMPT_BY_SOURCE)
+    if fam is not None:
+        for smp in fam.samples:
+            if smp.labels.get("source") == "local_compute" and smp.name.endswith("_total"):
+                c = snap(smp.labels).counters
+                c["prompt_tokens_computed"] = c.get("prompt_tokens_computed", 0.0) + smp.value
+
+    for canon, names in HISTOGRAMS.items():
+        fam = next((fams[n] for n in names if n in fams and fams[n].samples), None)
+        if fam is None:
+            continue
+        acc: dict[tuple[str, str], tuple[dict[float, float], list[float]]] = {}
+        for smp in fam.samples:
+            name = smp.name
+            if name.endswith("_created"):
+                continue
+            es = snap(smp.labels)
+            buckets, sc = acc.setdefault((es.model_name, es.engine), ({}, [0.0, 0.0]))
+            if name.endswith("_bucket"):
+                try:
+                    le = float(smp.labels.get("le", ""))
+                except ValueError:
+                    continue
+                buckets[le] = buckets.get(le, 0.0) + smp.value
+            elif name.endswith("_sum"):
+                sc[0] += smp.value
+            elif name.endswith("_count"):
+                sc[1] += smp.value
+        for key, (buckets, (hsum, hcount)) in acc.items():
+            if not buckets or math.inf not in buckets:
+                continue  # a histogram without +Inf is not usable for quantiles
+            bounds = tuple(sorted(buckets))
+            out[key].histograms[canon] = Histogram(bounds, [buckets[b] for b in bounds], hsum, hcount)
+
+    if not out:
+        return out  # no vLLM series: config and info families alone make no engine
+
+    fam = fams.get(CACHE_CONFIG)
+    if fam is not None:
+        for smp in fam.samples:
+            cfg = _cache_config(smp.labels)
+            engine, model = smp.labels.get("engine"), smp.labels.get("model_name")
+            for s in out.values():
+                if (engine is None or s.engine == engine) and (model is None or s.model_name == model):
+                    s.cache = cfg
+
+    fam = fams.get(LORA_INFO)
+    if fam is not None and fam.samples:
+        # One series per adapter combination ever seen, valued with the time it was set: the newest is current.
+        by_scope: dict[tuple[str | None, str | None], object] = {}
+        for smp in fam.samples:
+            scope = (smp.labels.get("model_name"), smp.labels.get("engine"))
+            if scope not in by_scope or smp.value >= by_scope[scope].value:
+                by_scope[scope] = smp
+        for (model, engine), smp in by_scope.items():
+            for s in out.values():
+                if (engine is None or s.engine == engine) and (model is None or s.model_name == model):
+                    s.lora_running = _adapters(smp.labels.get("running_lora_adapters"))
+                    s.lora_waiting = _adapters(smp.labels.get("waiting_lora_adapters"))
+                    s.max_lora = _num(smp.labels.get("max_lora"), int)
+    return out
