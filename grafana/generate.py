@@ -64,7 +64,8 @@ TOKENS = "count:tok"
 TOKENS_PER_S = "count:tok/s"
 
 # State sets exported as one 0/1 series per state are shown as one numeric code per engine: the codes
-# rise with severity, so ``max`` over several engines is the most severe state.
+# rise with severity (kvwatch's own order, kvwatch/diagnose.py SEVERITY), so ``max`` over several
+# engines is the most severe state.
 BOTTLENECKS: list[tuple[str, str, str]] = [
     # (state, text, colour)
     ("idle", "idle", "text"),
@@ -72,8 +73,8 @@ BOTTLENECKS: list[tuple[str, str, str]] = [
     ("token_budget", "token budget", "yellow"),
     ("max_num_seqs", "max_num_seqs", "orange"),
     ("kv_cache", "KV cache", "red"),
-    ("stalled", "stalled", "dark-red"),
     ("unreachable", "unreachable", "purple"),
+    ("stalled", "stalled", "dark-red"),
 ]
 PRESSURE: list[tuple[str, str, str]] = [
     ("ok", "ok", "green"),
@@ -111,7 +112,9 @@ def divide(numerator: str, denominator: str) -> str:
     return f"{numerator} / ({denominator} > 0)"
 
 
-def state_code(metric: str, label: str, states: list[tuple[str, str, str]], selector: str, by: str) -> str:
+def state_code(
+    metric: str, label: str, states: list[tuple[str, str, str]], selector: str, by: str, skip: tuple[str, ...] = ()
+) -> str:
     """One value per group: the code (index in ``states``) of the state whose series is 1.
 
     Each state's series is multiplied by its code; as exactly one state is 1 and codes rise with
@@ -119,6 +122,8 @@ def state_code(metric: str, label: str, states: list[tuple[str, str, str]], sele
     """
     parts = []
     for code, (state, _, _) in enumerate(states):
+        if state in skip:
+            continue
         matcher = f'{label}="{state}"'
         parts.append(f"{sel(metric, selector, matcher)} * {code}")
     return agg("max", " or ".join(parts), by)
@@ -1265,75 +1270,86 @@ def latency() -> JSON:
 
 
 class Fleet:
-    """The per-pod series the Fleet dashboard reads. Raw ``vllm:*`` expressions for now; they become the
-    recording rules of alerts/ once those exist (same meaning, same labels: namespace, pod, model_name)."""
+    """Per-engine recording rules of alerts/kvwatch-rules.yaml (group ``vllm.fleet*``), computed by
+    Prometheus from the raw ``vllm:*`` metrics. Each keeps the scrape's labels (namespace, pod, job,
+    instance) plus model_name and engine, so the scope variables filter them like any other series."""
 
-    kv_usage = agg("max", sel("vllm:kv_cache_usage_perc"), "namespace, pod, model_name")
-    running = agg("sum", sel("vllm:num_requests_running"), "namespace, pod, model_name")
-    waiting = agg("sum", sel("vllm:num_requests_waiting"), "namespace, pod, model_name")
-    preemptions = sum_rate("vllm:num_preemptions_total", by="namespace, pod, model_name")
-    prompt_tokens = sum_rate("vllm:prompt_tokens_total", by="namespace, pod, model_name")
-    generation_tokens = sum_rate("vllm:generation_tokens_total", by="namespace, pod, model_name")
+    kv_usage_max = "engine:vllm_kv_cache_usage:max1m"
+    running = "engine:vllm_num_requests_running:avg1m"
+    waiting = "engine:vllm_num_requests_waiting:avg1m"
+    preemptions = "engine:vllm_num_preemptions:rate1m"
+    prompt_tokens = "engine:vllm_prompt_tokens_computed:rate1m"
+    generation_tokens = "engine:vllm_generation_tokens:rate1m"
+    throughput_gap = "engine:vllm_throughput_gap:last"
+    capacity_tokens = "engine:vllm_kv_cache_capacity:tokens"
+    max_concurrency = "engine:vllm_estimated_max_concurrency:requests"
+    bottleneck = "engine:vllm_bottleneck:approx"
+
+
+# The rules' approximation knows no `unreachable` (a pod that cannot be scraped has no vllm:* series).
+FLEET_BOTTLENECKS = [b for b in BOTTLENECKS if b[0] != "unreachable"]
 
 
 def fleet() -> JSON:
     f = Fleet
     layout = Layout()
-    kv_bound = f"({f.kv_usage} >= {STALL_THRESHOLD}) and on (namespace, pod, model_name) ({f.waiting} > 0)"
-    other_bound = f"({f.kv_usage} < {STALL_THRESHOLD}) and on (namespace, pod, model_name) ({f.waiting} > 0)"
+    bottleneck = "bottleneck"
     for panel in [
         stat(
-            "Pods serving",
-            "vLLM pods (pod · model) reporting metrics in the selection.",
-            "Fewer than the replicas you run: a pod is down or not scraped; check Prometheus targets.",
-            agg("count", f.running),
+            "Engines reporting",
+            "vLLM engines (pod · model · engine) whose metrics Prometheus scrapes in the selection.",
+            "Fewer than the replicas you run: a pod is down, still loading its model, or not scraped; "
+            "check the Prometheus targets page and the pod's events.",
+            agg("count", sel(f.running)),
             unit="none",
         ),
         stat(
-            "Pods KV-bound",
-            f"Pods whose KV usage is at or above {STALL_THRESHOLD:.0%} while requests wait: new prefills "
-            "are held back by free KV blocks.",
-            "Some pods KV-bound while others idle: fix load balancing (route by KV usage / queue). "
-            "All KV-bound: add replicas or KV capacity (FP8 KV cache).",
-            agg("count", kv_bound),
+            "Engines KV-bound",
+            "Engines the fleet rules classify as KV-cache bound over the last minute: a queue while KV "
+            f"usage reached {STALL_THRESHOLD:.0%} or requests were preempted.",
+            "Some KV-bound while others idle: the load balancer ignores KV pressure; route by queue "
+            "length or KV usage. All KV-bound: add replicas or KV capacity (FP8 KV cache, more GPU "
+            "memory).",
+            agg("sum", sel(f.bottleneck, ENGINE, f'{bottleneck}="kv_cache"')),
             unit="none",
             steps=ANY_IS_BAD,
-            no_value="0",
         ),
         stat(
             "Requests waiting",
-            "Requests waiting across the selected pods.",
-            "A fleet-wide queue means too few replicas for the load, or a binding limit on every pod: "
-            "the Overview dashboard (with the kvwatch sidecar) says which.",
-            agg("sum", f.waiting),
+            "Requests waiting across the selected engines (1-minute mean per engine, summed).",
+            "A fleet-wide queue means too few replicas for the load, or a limit binding on every pod: "
+            "*Engines by bottleneck* says which; the kvwatch sidecar's Overview dashboard says what to "
+            "change.",
+            agg("sum", sel(f.waiting)),
             unit="none",
             steps=WAITING_STEPS,
+            decimals=1,
         ),
         stat(
-            "Fleet KV usage (max)",
-            "KV-cache usage of the fullest selected pod, from vLLM's `kv_cache_usage_perc`.",
-            f"Above {STALL_THRESHOLD:.0%} on one pod while the mean is low: uneven routing. High "
+            "Max KV cache usage",
+            "KV-cache usage of the fullest selected engine (its maximum over the last minute).",
+            f"Above {STALL_THRESHOLD:.0%} on one pod while the others are low: uneven routing. High "
             "everywhere: add replicas or KV capacity.",
-            agg("max", f.kv_usage),
+            agg("max", sel(f.kv_usage_max)),
             unit="percentunit",
             steps=KV_STEPS,
         ),
         stat(
             "Preemptions / s",
-            "Requests preempted per second across the selected pods.",
-            "Sustained preemptions waste compute: lower `--max-num-seqs` on the preempting pods or "
-            "add KV capacity.",
-            agg("sum", f.preemptions),
+            "Requests preempted per second across the selected engines (1-minute rate).",
+            "Sustained preemptions waste compute on recomputing KV: lower `--max-num-seqs` on the "
+            "preempting pods or add KV capacity.",
+            agg("sum", sel(f.preemptions)),
             unit="reqps",
             steps=ANY_IS_BAD,
         ),
         stat(
-            "Generation tokens / s",
-            "Tokens generated per second across the selected pods.",
-            "A drop while requests wait is the fleet stalling: check the KV-bound count and the "
-            "per-pod heat map.",
-            agg("sum", f.generation_tokens),
-            unit=TOKENS_PER_S,
+            "KV cache capacity",
+            "KV-cache tokens of all selected engines together (vLLM's `cache_config_info`).",
+            "Compare with *Capacity vs demand*: if demand outgrows what this capacity holds, add "
+            "replicas or use an FP8 KV cache (twice the tokens in the same memory).",
+            agg("sum", sel(f.capacity_tokens)),
+            unit=TOKENS,
         ),
     ]:
         layout.add(panel, 4, 4)
@@ -1342,11 +1358,12 @@ def fleet() -> JSON:
     layout.add(
         state_timeline(
             "KV cache usage by pod (heat map)",
-            f"One row per pod · model, coloured by KV-cache usage: green below {STALL_THRESHOLD:.0%}, "
-            f"orange above (admission stall), red above {PREEMPT_THRESHOLD:.0%} (preemption risk).",
+            f"One row per pod · model, coloured by its KV-cache usage (maximum over the last minute): "
+            f"green below {STALL_THRESHOLD:.0%}, orange above (admission stall), red above "
+            f"{PREEMPT_THRESHOLD:.0%} (preemption risk).",
             "Rows red while others stay green: the load balancer ignores KV pressure; route by queue "
             "length or KV usage. All rows red: the fleet is short of KV capacity; add replicas.",
-            [query(f.kv_usage, "{{pod}} · {{model_name}}")],
+            [query(agg("max", sel(f.kv_usage_max), "namespace, pod, model_name"), "{{pod}} · {{model_name}}")],
             unit="percentunit",
             steps=KV_STEPS,
             max_value=1,
@@ -1356,25 +1373,37 @@ def fleet() -> JSON:
     )
     layout.add(
         timeseries(
-            "Pods by bottleneck (vLLM metrics only)",
-            f"How many pods are in each state, judged from vLLM's own metrics: *KV-bound* (KV usage ≥ "
-            f"{STALL_THRESHOLD:.0%} and requests waiting), *queue, KV room* (requests waiting with KV "
-            "to spare: the `max_num_seqs` ceiling or the token budget; the kvwatch sidecar tells which), "
-            "*serving* (running, no queue).",
-            "KV-bound pods: add KV capacity or replicas. *Queue, KV room* pods: raise `--max-num-seqs` "
-            "or `--max-num-batched-tokens` as the sidecar's diagnosis says.",
-            [
-                query(agg("count", kv_bound), "KV-bound"),
-                query(agg("count", other_bound), "queue, KV room"),
-                query(agg("count", f"({f.running} > 0) and on (namespace, pod, model_name) ({f.waiting} == 0)"), "serving"),
-            ],
+            "Engines by bottleneck",
+            "How many engines are in each state, as the fleet recording rules approximate kvwatch's "
+            "diagnosis from vLLM's own metrics (without kvwatch's `max_num_seqs` / token-budget hints): "
+            "*KV cache*, *max_num_seqs*, *token budget*, *stalled*, *none* (serving, no queue), *idle*.",
+            "KV cache: add KV capacity or replicas. max_num_seqs: raise `--max-num-seqs` on those pods. "
+            "Token budget: raise `--max-num-batched-tokens`. Stalled: restart the engine. Confirm "
+            "with the kvwatch sidecar on one of the pods.",
+            [query(agg("sum", sel(f.bottleneck), bottleneck), "{{bottleneck}}")],
             unit="none",
-            overrides=[
-                override("KV-bound", fixed_color("red")),
-                override("queue, KV room", fixed_color("orange")),
-                override("serving", fixed_color("green")),
-            ],
+            overrides=[override(state, fixed_color(color)) for state, _, color in FLEET_BOTTLENECKS],
             stepped=True,
+        ),
+        12,
+        8,
+    )
+    layout.add(
+        state_timeline(
+            "Bottleneck by pod",
+            "The fleet rules' bottleneck per pod · model (the most severe across its engines, in "
+            "kvwatch's order of severity).",
+            "Follow a red (KV cache), orange (max_num_seqs) or yellow (token budget) row to that pod's "
+            "kvwatch Overview for the evidence and the recommended change.",
+            [
+                query(
+                    state_code(
+                        f.bottleneck, bottleneck, BOTTLENECKS, ENGINE, "namespace, pod, model_name", skip=("unreachable",)
+                    ),
+                    "{{pod}} · {{model_name}}",
+                )
+            ],
+            states=BOTTLENECKS,
         ),
         12,
         8,
@@ -1382,36 +1411,65 @@ def fleet() -> JSON:
     layout.add(
         timeseries(
             "Capacity vs demand",
-            "Demand (requests running + waiting) against the requests running, summed over the "
-            "selected pods: the distance between the two is the unserved queue.",
-            "Demand persistently above running: the fleet cannot admit its load. If pods are KV-bound "
-            "add replicas or KV capacity; otherwise raise the binding limit.",
+            "Demand (requests running + waiting, 1-minute means) against capacity: how many requests "
+            "of the observed mean length (prompt + output) the selected engines' KV caches hold "
+            "together.",
+            "Demand above capacity: requests queue on the KV cache; add replicas, use an FP8 KV cache, "
+            "or shorten sequences. Demand far below capacity on every pod: the fleet is over-provisioned.",
             [
-                query(agg("sum", f"{f.running} + on (namespace, pod, model_name) {f.waiting}"), "demand (running + waiting)"),
-                query(agg("sum", f.running), "running"),
+                query(agg("sum", f"{sel(f.running)} + {sel(f.waiting)}"), "demand (running + waiting)"),
+                query(agg("sum", sel(f.running)), "running"),
+                query(agg("sum", sel(f.max_concurrency)), "capacity (estimated max concurrency)"),
             ],
             unit="none",
+            overrides=[
+                override("demand (running + waiting)", fixed_color("orange")),
+                override("running", fixed_color("blue")),
+                override("capacity (estimated max concurrency)", fixed_color("red"), DASHED, NO_FILL),
+            ],
         ),
         12,
         8,
     )
+    gap = "engines in throughput gap"
     layout.add(
         timeseries(
             "Prompt vs generation tokens / s",
-            "Prompt tokens and generated tokens per second across the selected pods.",
-            "Prompt throughput near 0 while generation continues and requests wait is the throughput "
-            "gap: admission is gated (KV cache or the sequence ceiling).",
-            [query(agg("sum", f.prompt_tokens), "prompt"), query(agg("sum", f.generation_tokens), "generation")],
+            "Prefill tokens computed (cached prompt tokens excluded) and tokens generated per second "
+            "across the selected engines; the shaded series (right axis) counts engines in the "
+            "throughput gap (prefill ~0 while generation goes on and requests wait).",
+            "Engines in the gap have admission gated: by free KV blocks if they are KV-bound, by the "
+            "sequence ceiling otherwise. See *Engines by bottleneck*.",
+            [
+                query(agg("sum", sel(f.prompt_tokens)), "prompt (computed)"),
+                query(agg("sum", sel(f.generation_tokens)), "generation"),
+                query(agg("sum", sel(f.throughput_gap)), gap),
+            ],
             unit=TOKENS_PER_S,
+            overrides=[
+                override("prompt (computed)", fixed_color("blue")),
+                override("generation", fixed_color("green")),
+                override(
+                    gap,
+                    fixed_color("red"),
+                    ("unit", "none"),
+                    ("decimals", 0),
+                    ("custom.axisPlacement", "right"),
+                    ("custom.lineInterpolation", "stepAfter"),
+                    ("custom.fillOpacity", 25),
+                    ("custom.lineWidth", 0),
+                ),
+            ],
         ),
-        24,
+        12,
         8,
     )
     return dashboard(
         "kvwatch-fleet",
         "kvwatch / Fleet",
-        "All vLLM pods at once, from vLLM's own metrics through the fleet recording rules (no sidecar "
-        "needed): KV usage heat map, pods by bottleneck, capacity vs demand.",
+        "All vLLM pods at once, from vLLM's own metrics through the fleet recording rules of "
+        "alerts/kvwatch-rules.yaml (no sidecar needed): KV usage heat map, engines by bottleneck, "
+        "capacity vs demand.",
         layout,
         scope_variables("vllm:num_requests_running", "vllm:num_requests_running"),
     )

@@ -357,6 +357,19 @@ def test_every_queried_metric_is_defined():
     assert not problems, "\n".join(problems)
 
 
+def test_state_codes_follow_kvwatch_vocabulary_and_severity():
+    from kvwatch import diagnose
+
+    states = [b for b, _, _ in generate.BOTTLENECKS]
+    assert set(states) == set(diagnose.BOTTLENECKS)
+    assert states == sorted(diagnose.BOTTLENECKS, key=diagnose.SEVERITY.__getitem__)
+    assert [s for s, _, _ in generate.PRESSURE] == list(diagnose.KV_STATES)
+    # the README's vocabulary too
+    readme = (REPO / "README.md").read_text()
+    for state in states:
+        assert f"| `{state}` |" in readme
+
+
 def test_slo_variables_are_bucket_bounds_of_vllm_histograms():
     text = "\n".join(p.read_text() for p in FIXTURES.glob("*/*.prom"))
     for var, histogram in (("ttft_slo", "vllm:time_to_first_token_seconds"), ("itl_slo", "vllm:inter_token_latency_seconds")):

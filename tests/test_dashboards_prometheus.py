@@ -1,0 +1,208 @@
+"""Every dashboard query returns data from a real Prometheus.
+
+The stack a user runs, on loopback: the built-in vLLM simulator playing the ``tour`` scenario (every
+bottleneck in turn), the kvwatch sidecar watching it, and the real Prometheus (Debian's) scraping both
+every second with the labels Kubernetes service discovery would add (namespace, pod) and evaluating the
+recording rules of alerts/. Each query of each panel is then run the way Grafana runs it: the variables
+get the values their own ``label_values`` queries return, ``$__rate_interval`` is what Grafana computes
+for a 1 s scrape interval, range queries over the run for time series / stat / state-timeline panels,
+instant queries with ``$__range`` = the run for tables.
+
+The test polls until every query has returned data (or the tour is over) and then asserts; a panel
+that stays empty is a defect, reported with the series it needs that never appeared.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import sys
+import time
+from pathlib import Path
+
+import promql_parser
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "grafana")]
+
+from tests.support.prometheus import Kvwatch, Prometheus, wait_for  # noqa: E402
+
+import generate  # noqa: E402  (grafana/generate.py)
+
+pytestmark = [pytest.mark.pipeline, pytest.mark.timeout(900)]
+
+SCRAPE_INTERVAL = 1  # seconds, Prometheus scrape and rule evaluation
+STEP = 2  # seconds, range-query resolution (what a ~150 px wide panel asks for over a few minutes)
+# Grafana: $__rate_interval = max($__interval + scrape interval, 4 × scrape interval), $__interval = step
+RATE_INTERVAL = f"{max(STEP + SCRAPE_INTERVAL, 4 * SCRAPE_INTERVAL)}s"
+SPEED = "4"  # the simulator's time warp: the tour's phases pass 4× faster
+POD_LABELS = {"namespace": "kvwatch-e2e", "pod": "vllm-tour-0"}
+SCOPE = ("namespace", "pod", "model_name")
+TOUR_TIMEOUT = 600  # upper bound for the whole tour at SPEED on a slow CI machine; not a speed assertion
+
+
+def grafana_regex_escape(value: str) -> str:
+    """How Grafana interpolates one selected value of a multi-value variable into a Prometheus regex."""
+    value = value.replace("\\", "\\\\\\\\")
+    return re.sub(r"[$^*{}\[\]'+?.()|]", lambda m: "\\\\" + m.group(0), value)
+
+
+def recording_rule_files() -> list[Path]:
+    files = []
+    for path in sorted((REPO / "alerts").glob("*.y*ml")):
+        doc = yaml.safe_load(path.read_text()) or {}
+        if isinstance(doc, dict) and "groups" in doc:
+            files.append(path)
+    return files
+
+
+def variable_values(prom: Prometheus, dash: dict) -> dict[str, str]:
+    """Resolve the scope variables in order, as Grafana does: each label_values() query with the
+    variables before it substituted; the first value is selected."""
+    values: dict[str, str] = {}
+    for var in dash["templating"]["list"]:
+        if var["type"] == "query":
+            m = re.fullmatch(r"label_values\((.+), (\w+)\)", var["query"])
+            assert m, var["query"]
+            series = generate.substitute(m.group(1), values)
+            found = prom._api(f"label/{m.group(2)}/values", **{"match[]": series})
+            assert found, f"variable {var['name']}: {var['query']} returned no values"
+            values[var["name"]] = grafana_regex_escape(sorted(found)[0])
+        elif var["type"] == "custom":
+            values[var["name"]] = var["current"]["value"]
+    return values
+
+
+def has_data(result: list[dict]) -> bool:
+    for series in result:
+        samples = series.get("values") or [series.get("value")]
+        for _, v in filter(None, samples):
+            if not math.isnan(float(v)):
+                return True
+    return False
+
+
+class Panels:
+    """Every query of every dashboard, and whether it has returned data yet."""
+
+    def __init__(self, prom: Prometheus, start: float):
+        self.prom = prom
+        self.start = start
+        self.pending: dict[str, tuple[str, dict, dict]] = {}
+        self.values: dict[str, dict[str, str]] = {}
+        for name, dash in generate.build_all().items():
+            for panel, target in generate.panel_queries(dash):
+                self.pending[f"{dash['title']} › {panel['title']} › {target['refId']}"] = (name, panel, target)
+        self.total = len(self.pending)
+        self.dashboards = generate.build_all()
+
+    def resolve_variables(self) -> bool:
+        for name, dash in self.dashboards.items():
+            if name not in self.values:
+                try:
+                    self.values[name] = variable_values(self.prom, dash)
+                except AssertionError:
+                    return False
+        return True
+
+    def expr(self, name: str, target: dict, now: float) -> str:
+        builtins = {"__rate_interval": RATE_INTERVAL, "__range": f"{int(now - self.start) + 1}s"}
+        return generate.substitute(target["expr"], self.values[name] | builtins)
+
+    def poll(self) -> bool:
+        if not self.resolve_variables():
+            return False
+        now = time.time()
+        for key, (name, panel, target) in list(self.pending.items()):
+            expr = self.expr(name, target, now)
+            if target.get("instant"):
+                result = self.prom.query(expr, time=now)
+            else:
+                result = self.prom.query_range(expr, self.start, now, STEP)
+            if has_data(result):
+                del self.pending[key]
+        return not self.pending
+
+    def missing_series(self) -> list[str]:
+        """For each query still without data, the selectors in it that match no series at all."""
+        now = time.time()
+        lines = []
+        for key, (name, panel, target) in self.pending.items():
+            expr = self.expr(name, target, now) if name in self.values else target["expr"]
+            absent = []
+            if name in self.values:
+                found: list[promql_parser.VectorSelector] = []
+                promql_parser.walk(
+                    promql_parser.parse(expr),
+                    lambda n: found.append(n) if isinstance(n, promql_parser.VectorSelector) else None,
+                )
+                for vs in found:
+                    probe = f"count(last_over_time({vs}[{int(now - self.start) + 1}s]))"
+                    if not self.prom.query(probe, time=now):
+                        absent.append(str(vs))
+            lines.append(f"{key}\n    query: {expr}\n    selectors with no series in the run: {absent or 'none'}")
+        return lines
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    work = tmp_path_factory.mktemp("dashboards")
+    sim = Kvwatch(
+        ["sim", "--scenario", "tour", "--speed", SPEED],
+        work / "sim", listen_flag="--port", ready_path="/metrics", name="sim",
+    )
+    with sim:
+        kv = Kvwatch(["run", "--target", f"{sim.url}/metrics", "--interval", "1"], work / "kvwatch")
+        with kv:
+            config = {
+                "global": {"scrape_interval": f"{SCRAPE_INTERVAL}s", "evaluation_interval": f"{SCRAPE_INTERVAL}s",
+                           "scrape_timeout": f"{SCRAPE_INTERVAL}s"},
+                "scrape_configs": [
+                    {"job_name": "kvwatch",
+                     "static_configs": [{"targets": [f"127.0.0.1:{kv.port}"], "labels": POD_LABELS}]},
+                    {"job_name": "vllm",
+                     "static_configs": [{"targets": [f"127.0.0.1:{sim.port}"], "labels": POD_LABELS}]},
+                ],
+            }
+            with Prometheus(config, work / "prometheus", rule_files=recording_rule_files()) as prom:
+                prom.wait_for(lambda: len([t for t in prom.targets() if t["health"] == "up"]) == 2,
+                              timeout=60, what="both scrape targets up")
+                yield prom, sim, kv
+
+
+def test_every_panel_query_returns_data(stack):
+    prom, sim, kv = stack
+    start = time.time()
+    panels = Panels(prom, start - 1)
+    try:
+        wait_for(panels.poll, timeout=TOUR_TIMEOUT, interval=3.0, what="every dashboard query to return data")
+    except TimeoutError:
+        pass
+    elapsed = time.time() - start
+    print(f"\n{panels.total - len(panels.pending)}/{panels.total} dashboard queries returned data "
+          f"after {elapsed:.0f}s of the tour (speed {SPEED}, scrape {SCRAPE_INTERVAL}s, "
+          f"$__rate_interval={RATE_INTERVAL}); variables: {panels.values.get('kvwatch-overview')}")
+    assert sim.running() and kv.running(), "the simulator or kvwatch died:\n" + sim.log_tail() + kv.log_tail()
+    assert not panels.pending, (
+        f"{len(panels.pending)} of {panels.total} dashboard queries never returned data "
+        f"in {elapsed:.0f}s:\n" + "\n".join(panels.missing_series())
+    )
+
+
+def test_variable_queries_return_the_pod_labels(stack):
+    prom, _, _ = stack
+    for name, dash in generate.build_all().items():
+        values = wait_for(lambda: variable_values(prom, dash), timeout=120, what=f"{name} variables")
+        assert values["namespace"] == grafana_regex_escape(POD_LABELS["namespace"])
+        assert values["pod"] == grafana_regex_escape(POD_LABELS["pod"])
+        assert values["model_name"]
+
+
+def test_recording_rules_referenced_by_the_fleet_dashboard_are_loaded(stack):
+    prom, _, _ = stack
+    loaded = {r["name"] for g in prom.rules() for r in g["rules"] if r["type"] == "recording"}
+    exprs = [t["expr"] for _, t in generate.panel_queries(generate.build_all()["kvwatch-fleet"])]
+    referenced = {n for n in generate.metrics_in(exprs) if n.count(":") == 2}
+    assert referenced <= loaded, f"not loaded by Prometheus: {sorted(referenced - loaded)}"
