@@ -1,0 +1,721 @@
+"""The Kubernetes manifests in deploy/, rendered with the real ``kubectl kustomize`` and checked offline.
+
+- every overlay (and the two bases that stand alone) renders with plain ``kubectl kustomize DIR`` (no
+  ``--load-restrictor``), and deploy/monitoring/ holds current copies of alerts/ and grafana/ output;
+- every built-in object validates with ``kubernetes-validate --strict`` against Kubernetes 1.29 and the newest
+  schema it ships; every PodMonitor / PrometheusRule against the Prometheus Operator CRD's openAPIV3Schema
+  (tests/fixtures/schemas), with unknown fields rejected;
+- the sidecar is a native sidecar with the restricted Pod Security profile, requests = limits (Guaranteed QoS),
+  probes on /healthz and /readyz, and its port, paths, env names and image tag are kvwatch's own
+  (kvwatch.config.Settings, pyproject.toml, the Dockerfile's USER); the real kvwatch, started with the env the
+  manifest gives it, serves those probe paths while vLLM is unreachable;
+- kvwatch reads the scheduler limits from the very ConfigMap keys vLLM's flags come from;
+- the NetworkPolicy admits only Prometheus to kvwatch's port; the PodMonitors select the pods that carry it;
+- the Alertmanager Secret template passes ``amtool check-config``, routes by severity, and a real Alertmanager
+  reads the receivers' keys from the mounted files.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import functools
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+import tomllib
+from pathlib import Path
+
+import httpx
+import jsonschema
+import pytest
+import yaml
+from kubernetes_validate.utils import latest_version
+
+from kvwatch.config import Settings
+from tests.support.prometheus import Alertmanager, Kvwatch, WebhookReceiver, find_binary, free_port
+
+REPO = Path(__file__).resolve().parents[1]
+DEPLOY = REPO / "deploy"
+SCHEMAS = REPO / "tests" / "fixtures" / "schemas"
+EXAMPLE = DEPLOY / "overlays" / "example"
+SIDECAR = DEPLOY / "components" / "sidecar"
+OVERLAYS = sorted(p.parent for p in (DEPLOY / "overlays").glob("*/kustomization.yaml"))
+# Everything a user may `kubectl apply -k`: the overlays, and the bases meant to be applied on their own.
+RENDERABLE = OVERLAYS + [DEPLOY / "monitoring", DEPLOY / "alertmanager"]
+KUBERNETES_VERSIONS = ["1.29.0", latest_version()]
+PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
+
+LABEL = "kvwatch/sidecar"
+SCHEDULER_ENV = {  # kvwatch env -> vLLM flag it mirrors
+    "KVWATCH_MAX_NUM_SEQS": "--max-num-seqs",
+    "KVWATCH_MAX_NUM_BATCHED_TOKENS": "--max-num-batched-tokens",
+    "KVWATCH_MAX_MODEL_LEN": "--max-model-len",
+}
+
+
+def _id(path: Path) -> str:
+    return str(path.relative_to(DEPLOY))
+
+
+# -- rendering ---------------------------------------------------------------------------------------------
+
+
+def kubectl() -> str:
+    path = shutil.which("kubectl")
+    if not path:
+        pytest.fail("kubectl (with its built-in kustomize) is not installed; .ci/run installs it")
+    return path
+
+
+def kustomize(path: Path) -> list[dict]:
+    proc = subprocess.run([kubectl(), "kustomize", str(path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, f"kubectl kustomize {path} failed:\n{proc.stderr}"
+    return [d for d in yaml.safe_load_all(proc.stdout) if d]
+
+
+@functools.cache
+def _render(path: str) -> tuple[dict, ...]:
+    return tuple(kustomize(Path(path)))
+
+
+def render(path: Path) -> list[dict]:
+    return copy.deepcopy(list(_render(str(path))))
+
+
+def is_builtin(doc: dict) -> bool:
+    group = doc["apiVersion"].rpartition("/")[0]
+    return "." not in group or group.endswith(".k8s.io")
+
+
+def pod_templates(docs: list[dict]) -> list[tuple[str, dict]]:
+    out = []
+    for d in docs:
+        if d["kind"] in ("Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job"):
+            out.append((f"{d['kind']}/{d['metadata']['name']}", d["spec"]["template"]))
+        elif d["kind"] == "CronJob":
+            out.append((f"CronJob/{d['metadata']['name']}", d["spec"]["jobTemplate"]["spec"]["template"]))
+        elif d["kind"] == "Pod":
+            out.append((f"Pod/{d['metadata']['name']}", d))
+    return out
+
+
+def kvwatch_container(template: dict) -> dict:
+    (c,) = [c for c in template["spec"].get("initContainers", []) if c["name"] == "kvwatch"]
+    return c
+
+
+def example_deployment() -> dict:
+    (d,) = [d for d in render(EXAMPLE) if d["kind"] == "Deployment" and d["metadata"]["labels"].get(LABEL) == "true"]
+    return d
+
+
+def default_port() -> int:
+    return int(Settings.model_fields["listen"].default.rpartition(":")[2])
+
+
+def settings_env_names() -> set[str]:
+    prefix = Settings.model_config["env_prefix"]
+    names = set()
+    for name, f in Settings.model_fields.items():
+        names.add((prefix + name).upper())
+        if isinstance(f.validation_alias, str):
+            names.add(f.validation_alias.upper())
+    return names
+
+
+# -- renders, in sync --------------------------------------------------------------------------------------
+
+
+def test_the_example_overlay_and_the_alertmanager_overlay_exist():
+    assert {p.name for p in OVERLAYS} >= {"example", "alertmanager"}
+
+
+def test_monitoring_copies_are_current():
+    """deploy/monitoring/ holds verbatim copies of alerts/ and grafana/ output (kustomize cannot read those
+    directories without --load-restrictor LoadRestrictionsNone)."""
+    proc = subprocess.run([sys.executable, str(DEPLOY / "sync.py"), "--check"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    kust = yaml.safe_load((DEPLOY / "monitoring" / "kustomization.yaml").read_text())
+    for source, copy_name in (("alerts/prometheusrule.yaml", "prometheusrule.yaml"),
+                              ("grafana/configmaps.yaml", "grafana-dashboards.yaml")):
+        assert ((REPO / source).is_file()) == (copy_name in (kust.get("resources") or [])), source
+
+
+@pytest.mark.parametrize("path", RENDERABLE, ids=_id)
+def test_renders_with_plain_kubectl_kustomize(path):
+    docs = render(path)
+    assert docs, f"{path} renders nothing"
+    keys = [(d["apiVersion"], d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]) for d in docs]
+    assert len(keys) == len(set(keys)), "duplicate objects"
+    for d in docs:
+        assert d["metadata"]["name"], d
+    text = (path / "kustomization.yaml").read_text()
+    assert "load-restrictor" not in text.lower()
+
+
+def test_example_holds_the_whole_stack():
+    kinds = {}
+    for d in render(EXAMPLE):
+        kinds.setdefault(d["kind"], set()).add(d["metadata"]["name"])
+    assert {"Namespace", "Deployment", "Service", "ConfigMap", "PodMonitor", "NetworkPolicy"} <= set(kinds)
+    assert kinds["PodMonitor"] == {"kvwatch", "vllm"}
+    if (REPO / "alerts" / "prometheusrule.yaml").is_file():
+        assert "PrometheusRule" in kinds
+    if (REPO / "grafana" / "configmaps.yaml").is_file():
+        dashboards = [d for d in render(EXAMPLE) if d["kind"] == "ConfigMap"
+                      and d["metadata"].get("labels", {}).get("grafana_dashboard") == "1"]
+        assert dashboards, "the dashboards ship as ConfigMaps labelled grafana_dashboard=1"
+        for cm in dashboards:
+            # client-side `kubectl apply` keeps a copy in an annotation limited to 256 KiB
+            assert len(yaml.safe_dump(cm)) < 256 * 1024, cm["metadata"]["name"]
+
+
+# -- schemas -----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+@pytest.mark.parametrize("path", RENDERABLE, ids=_id)
+def test_builtin_kinds_validate_strictly(path, version, tmp_path):
+    docs = [d for d in render(path) if is_builtin(d)]
+    assert docs
+    manifest = tmp_path / "builtin.yaml"
+    manifest.write_text(yaml.safe_dump_all(docs))
+    proc = subprocess.run(
+        [sys.executable, "-m", "kubernetes_validate", "--strict", "-k", version, str(manifest)],
+        capture_output=True, text=True, timeout=300,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    # kubernetes-validate only *warns* (exit 0) when it has no schema for a kind: require a pass for each.
+    passed = re.findall(r"^INFO .* passed for resource (\S+) against version", proc.stdout, re.M)
+    assert len(passed) == len(docs), out
+    assert "WARN" not in out and "ERROR" not in out, out
+
+
+def _crds() -> dict[tuple[str, str, str], dict]:
+    schemas = {}
+    for f in sorted(SCHEMAS.glob("*.yaml")):
+        crd = yaml.safe_load(f.read_text())
+        for v in crd["spec"]["versions"]:
+            schemas[(crd["spec"]["group"], v["name"], crd["spec"]["names"]["kind"])] = v["schema"]["openAPIV3Schema"]
+    return schemas
+
+
+def _strict(schema):
+    """Reject unknown fields where the CRD lists the known ones (as the API server's strict validation)."""
+    if isinstance(schema, dict):
+        schema = {k: _strict(v) for k, v in schema.items()}
+        if ("properties" in schema and "additionalProperties" not in schema
+                and not schema.get("x-kubernetes-preserve-unknown-fields")):
+            schema["additionalProperties"] = False
+        return schema
+    if isinstance(schema, list):
+        return [_strict(v) for v in schema]
+    return schema
+
+
+def validate_custom(doc: dict) -> None:
+    group, version = doc["apiVersion"].split("/")
+    schema = _crds().get((group, version, doc["kind"]))
+    assert schema is not None, f"no CRD schema for {doc['apiVersion']} {doc['kind']} in {SCHEMAS}"
+    schema = _strict(schema)
+    # metadata is validated by the API server, not the CRD schema; it must still be an ObjectMeta-like map.
+    schema["properties"]["metadata"] = {"type": "object"}
+    jsonschema.Draft7Validator(schema).validate(doc)
+
+
+@pytest.mark.parametrize("path", RENDERABLE, ids=_id)
+def test_custom_resources_validate_against_the_operator_crds(path):
+    custom = [d for d in render(path) if not is_builtin(d)]
+    for d in custom:
+        assert d["kind"] in ("PodMonitor", "PrometheusRule"), f"no schema to check {d['kind']} against"
+        validate_custom(d)
+    if path == EXAMPLE:
+        assert {d["kind"] for d in custom} >= {"PodMonitor"}
+
+
+def test_crd_validation_rejects_a_misspelt_field():
+    (pm,) = [d for d in render(EXAMPLE) if d["kind"] == "PodMonitor" and d["metadata"]["name"] == "kvwatch"]
+    validate_custom(pm)
+    pm["spec"]["podMetricsEndpoints"][0]["intervall"] = "15s"
+    with pytest.raises(jsonschema.ValidationError, match="intervall"):
+        validate_custom(pm)
+    pm["spec"]["podMetricsEndpoints"][0].pop("intervall")
+    pm["spec"]["podMetricsEndpoints"][0]["port"] = 9847  # a name, not a number
+    with pytest.raises(jsonschema.ValidationError):
+        validate_custom(pm)
+
+
+# -- Pod Security "restricted" -----------------------------------------------------------------------------
+
+RESTRICTED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
+                      "projected", "secret"}
+SAFE_SYSCTLS = {"kernel.shm_rmid_forced", "net.ipv4.ip_local_port_range", "net.ipv4.ip_unprivileged_port_start",
+                "net.ipv4.tcp_syncookies", "net.ipv4.ping_group_range", "net.ipv4.ip_local_reserved_ports",
+                "net.ipv4.tcp_keepalive_time", "net.ipv4.tcp_fin_timeout", "net.ipv4.tcp_keepalive_intvl",
+                "net.ipv4.tcp_keepalive_probes"}
+
+
+def restricted_violations(spec: dict) -> list[str]:
+    """The Pod Security Standards' baseline + restricted checks (Kubernetes 1.29+) on one pod spec."""
+    bad = []
+    pod_sc = spec.get("securityContext", {})
+    containers = spec.get("initContainers", []) + spec.get("containers", []) + spec.get("ephemeralContainers", [])
+    for key in ("hostNetwork", "hostPID", "hostIPC"):
+        if spec.get(key):
+            bad.append(key)
+    if (pod_sc.get("windowsOptions") or {}).get("hostProcess"):
+        bad.append("pod hostProcess")
+    for v in spec.get("volumes", []):
+        kinds = set(v) - {"name"}
+        if not kinds <= RESTRICTED_VOLUMES:
+            bad.append(f"volume {v['name']}: {sorted(kinds)}")
+    for s in pod_sc.get("sysctls", []):
+        if s["name"] not in SAFE_SYSCTLS:
+            bad.append(f"sysctl {s['name']}")
+    if pod_sc.get("runAsUser") == 0:
+        bad.append("pod runAsUser 0")
+    pod_seccomp = (pod_sc.get("seccompProfile") or {}).get("type")
+    if pod_seccomp not in (None, "RuntimeDefault", "Localhost"):
+        bad.append(f"pod seccomp {pod_seccomp}")
+    for c in containers:
+        sc = c.get("securityContext", {})
+        n = c["name"]
+        if sc.get("privileged"):
+            bad.append(f"{n}: privileged")
+        if (sc.get("windowsOptions") or {}).get("hostProcess"):
+            bad.append(f"{n}: hostProcess")
+        if sc.get("allowPrivilegeEscalation") is not False:
+            bad.append(f"{n}: allowPrivilegeEscalation must be false")
+        caps = sc.get("capabilities") or {}
+        if "ALL" not in (caps.get("drop") or []):
+            bad.append(f"{n}: capabilities must drop ALL")
+        if set(caps.get("add") or []) - {"NET_BIND_SERVICE"}:
+            bad.append(f"{n}: adds capabilities {caps['add']}")
+        non_root = sc.get("runAsNonRoot", pod_sc.get("runAsNonRoot"))
+        if non_root is not True:
+            bad.append(f"{n}: runAsNonRoot must be true")
+        if sc.get("runAsUser") == 0:
+            bad.append(f"{n}: runAsUser 0")
+        seccomp = (sc.get("seccompProfile") or {}).get("type") or pod_seccomp
+        if seccomp not in ("RuntimeDefault", "Localhost"):
+            bad.append(f"{n}: seccompProfile must be RuntimeDefault or Localhost")
+        if sc.get("procMount") not in (None, "Default"):
+            bad.append(f"{n}: procMount")
+        for p in c.get("ports", []):
+            if p.get("hostPort"):
+                bad.append(f"{n}: hostPort")
+        selinux = sc.get("seLinuxOptions") or {}
+        if selinux.get("user") or selinux.get("role"):
+            bad.append(f"{n}: seLinuxOptions user/role")
+    return bad
+
+
+@pytest.mark.parametrize("path", OVERLAYS, ids=_id)
+def test_every_pod_meets_the_restricted_pod_security_standard(path):
+    for name, template in pod_templates(render(path)):
+        assert restricted_violations(template["spec"]) == [], name
+
+
+def test_the_restricted_check_catches_a_root_container():
+    template = example_deployment()["spec"]["template"]
+    assert restricted_violations(template["spec"]) == []
+    spec = copy.deepcopy(template["spec"])
+    spec["securityContext"].pop("runAsNonRoot")
+    spec["securityContext"].pop("seccompProfile")
+    spec["containers"][0]["securityContext"] = {"capabilities": {"add": ["SYS_ADMIN"]}}
+    found = " ".join(restricted_violations(spec))
+    assert "vllm: runAsNonRoot" in found and "vllm: capabilities" in found and "vllm: seccomp" in found
+    assert "vllm: allowPrivilegeEscalation" in found and "kvwatch" not in found, found
+
+
+def test_example_namespace_enforces_restricted():
+    (ns,) = [d for d in render(EXAMPLE) if d["kind"] == "Namespace"]
+    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    assert {d["metadata"].get("namespace") for d in render(EXAMPLE) if d["kind"] != "Namespace"} == {
+        ns["metadata"]["name"]}
+
+
+def test_kvwatch_container_security_context():
+    sc = kvwatch_container(example_deployment()["spec"]["template"])["securityContext"]
+    dockerfile_user = re.findall(r"^USER\s+(\d+):(\d+)\s*$", (REPO / "Dockerfile").read_text(), re.M)[-1]
+    assert sc == {
+        "runAsNonRoot": True,
+        "runAsUser": int(dockerfile_user[0]),
+        "runAsGroup": int(dockerfile_user[1]),
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+# -- the native sidecar ------------------------------------------------------------------------------------
+
+
+def test_kvwatch_is_a_native_sidecar():
+    template = example_deployment()["spec"]["template"]
+    spec = template["spec"]
+    assert "kvwatch" not in [c["name"] for c in spec["containers"]]
+    kv = kvwatch_container(template)
+    assert kv["restartPolicy"] == "Always"
+    assert template["metadata"]["labels"][LABEL] == "true"
+    # the only writable path is a memory-backed emptyDir on /tmp
+    (mount,) = kv["volumeMounts"]
+    assert mount["mountPath"] == "/tmp"
+    (vol,) = [v for v in spec["volumes"] if v["name"] == mount["name"]]
+    assert vol["emptyDir"]["medium"] == "Memory" and "sizeLimit" in vol["emptyDir"]
+
+
+def test_probes_use_kvwatchs_endpoints_and_not_vllm():
+    kv = kvwatch_container(example_deployment()["spec"]["template"])
+    assert kv["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert kv["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+        if probe in kv:
+            assert kv[probe]["httpGet"]["port"] in ("kvwatch", default_port()), probe
+
+
+def _qos(spec: dict) -> str:
+    """Kubernetes' QoS class (pkg/apis/core/helper/qos), over containers and init containers."""
+    containers = spec.get("containers", []) + spec.get("initContainers", [])
+    requests, limits, guaranteed = {}, {}, True
+    for c in containers:
+        r = c.get("resources", {})
+        req = {k: v for k, v in (r.get("requests") or {}).items() if k in ("cpu", "memory")}
+        lim = {k: v for k, v in (r.get("limits") or {}).items() if k in ("cpu", "memory")}
+        requests.update(req)
+        limits.update(lim)
+        if set(lim) != {"cpu", "memory"}:
+            guaranteed = False
+        for k, v in req.items():
+            if lim.get(k) != v:
+                guaranteed = False
+    if not requests and not limits:
+        return "BestEffort"
+    return "Guaranteed" if guaranteed else "Burstable"
+
+
+def test_sidecar_keeps_a_guaranteed_gpu_pod_guaranteed():
+    spec = example_deployment()["spec"]["template"]["spec"]
+    kv = kvwatch_container({"spec": spec})
+    assert kv["resources"]["requests"] == kv["resources"]["limits"], "requests = limits (Guaranteed QoS)"
+    assert _qos(spec) == "Guaranteed"
+    (vllm,) = spec["containers"]
+    assert vllm["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    # and the check is not vacuous: a sidecar with requests < limits demotes the whole pod
+    spec["initContainers"][0]["resources"]["requests"]["memory"] = "64Mi"
+    assert _qos(spec) == "Burstable"
+
+
+# -- one source of truth: kvwatch's own defaults -----------------------------------------------------------
+
+
+def test_ports_env_names_and_image_match_kvwatch():
+    docs = render(EXAMPLE)
+    deployment = example_deployment()
+    kv = kvwatch_container(deployment["spec"]["template"])
+    port = default_port()
+    (p,) = kv["ports"]
+    assert p["containerPort"] == port and p["name"] == "kvwatch"
+    env = {e["name"]: e for e in kv["env"]}
+    assert set(env) <= settings_env_names(), f"not kvwatch settings: {set(env) - settings_env_names()}"
+    assert set(SCHEDULER_ENV) <= set(env)
+    listen = env["KVWATCH_LISTEN"]["value"]
+    assert listen == Settings.model_fields["listen"].default
+    target = env["KVWATCH_TARGET"]["value"]
+    (vllm,) = deployment["spec"]["template"]["spec"]["containers"]
+    vllm_port = next(p["containerPort"] for p in vllm["ports"] if p["name"] == "http")
+    assert target == f"http://127.0.0.1:{vllm_port}/metrics"
+    assert f"--port={vllm_port}" in vllm["args"]
+
+    # the image: kvwatch's version, from the Dockerfile build
+    version = PYPROJECT["project"]["version"]
+    sidecar_patch = yaml.safe_load((SIDECAR / "sidecar.yaml").read_text())
+    (init,) = sidecar_patch["spec"]["template"]["spec"]["initContainers"]
+    assert init["image"] == f"kvwatch:{version}"
+    assert kv["image"].endswith(f"/kvwatch:{version}")
+    import kvwatch
+
+    assert kvwatch.__version__ == version
+
+    # everything that points at kvwatch's port points at the same one
+    (pm,) = [d for d in docs if d["kind"] == "PodMonitor" and d["metadata"]["name"] == "kvwatch"]
+    (ep,) = pm["spec"]["podMetricsEndpoints"]
+    assert ep["port"] == p["name"] and ep["path"] == "/metrics"
+
+
+def test_kvwatch_runs_with_the_manifest_env_and_answers_the_probes(tmp_path):
+    """The real kvwatch, given exactly the sidecar's env (ConfigMap values resolved), accepts every setting
+    and serves the probe paths with 200 while its vLLM target is unreachable."""
+    docs = render(EXAMPLE)
+    configmaps = {d["metadata"]["name"]: d.get("data", {}) for d in docs if d["kind"] == "ConfigMap"}
+    kv = kvwatch_container(example_deployment()["spec"]["template"])
+    env = {}
+    for e in kv["env"]:
+        if "value" in e:
+            env[e["name"]] = e["value"]
+        else:
+            ref = e["valueFrom"]["configMapKeyRef"]
+            env[e["name"]] = configmaps[ref["name"]][ref["key"]]
+    assert {k: env[k] for k in SCHEDULER_ENV} == {
+        "KVWATCH_MAX_NUM_SEQS": "128", "KVWATCH_MAX_NUM_BATCHED_TOKENS": "8192", "KVWATCH_MAX_MODEL_LEN": "8192"}
+    # Loopback only in tests: a closed port stands in for vLLM (still loading); --listen overrides the
+    # manifest's 0.0.0.0:9847, checked above.
+    env["KVWATCH_TARGET"] = f"http://127.0.0.1:{free_port()}/metrics"
+    ready_path = kv["readinessProbe"]["httpGet"]["path"]
+    with Kvwatch(kv["args"], tmp_path, env=env, ready_path=ready_path) as proc:
+        for probe in ("livenessProbe", "readinessProbe"):
+            r = httpx.get(proc.url + kv[probe]["httpGet"]["path"], timeout=5, trust_env=False)
+            assert r.status_code == 200, probe
+        diag = httpx.get(proc.url + "/api/v1/diagnosis", timeout=5, trust_env=False)
+        assert diag.status_code == 200
+        assert "unreachable" in diag.text
+
+
+# -- ConfigMap wiring --------------------------------------------------------------------------------------
+
+
+def test_kvwatch_and_vllm_read_the_same_configmap_keys():
+    spec = example_deployment()["spec"]["template"]["spec"]
+    kv = kvwatch_container({"spec": spec})
+    (vllm,) = spec["containers"]
+    vllm_env = {e["name"]: e for e in vllm["env"]}
+    configmaps = {d["metadata"]["name"] for d in render(EXAMPLE) if d["kind"] == "ConfigMap"}
+    for e in kv["env"]:
+        if e["name"] not in SCHEDULER_ENV:
+            continue
+        ref = e["valueFrom"]["configMapKeyRef"]
+        assert ref["name"] in configmaps, "the hashed generator name reaches the sidecar too"
+        flag = SCHEDULER_ENV[e["name"]]
+        # the vLLM env var that feeds this flag ...
+        (arg,) = [a for a in vllm["args"] if a.startswith(flag + "=")]
+        var = re.fullmatch(re.escape(flag) + r"=\$\((\w+)\)", arg)[1]
+        vref = vllm_env[var]["valueFrom"]["configMapKeyRef"]
+        # ... reads the same ConfigMap and key
+        assert (vref["name"], vref["key"]) == (ref["name"], ref["key"]), e["name"]
+
+
+# -- attaching to your own Deployment (the README's three steps) -------------------------------------------
+
+
+def test_component_attaches_to_your_own_deployment_only(tmp_path):
+    user = tmp_path / "my-vllm"
+    user.mkdir()
+    (user / "deployment.yaml").write_text(textwrap.dedent("""\
+        apiVersion: apps/v1
+        kind: Deployment
+        metadata:
+          name: my-vllm
+          labels:
+            kvwatch/sidecar: "true"
+        spec:
+          selector:
+            matchLabels: {app: my-vllm}
+          template:
+            metadata:
+              labels: {app: my-vllm}
+            spec:
+              initContainers:
+                - name: fetch-model
+                  image: busybox:1.36
+              containers:
+                - name: vllm
+                  image: vllm/vllm-openai:v0.32.0
+                  ports: [{containerPort: 8000}]
+              volumes:
+                - name: cache
+                  emptyDir: {}
+        ---
+        apiVersion: apps/v1
+        kind: Deployment
+        metadata:
+          name: router
+        spec:
+          selector:
+            matchLabels: {app: router}
+          template:
+            metadata:
+              labels: {app: router}
+            spec:
+              containers:
+                - name: router
+                  image: router:1.0
+        """))
+    rel = os.path.relpath(DEPLOY / "components", user)
+    (user / "kustomization.yaml").write_text(textwrap.dedent(f"""\
+        apiVersion: kustomize.config.k8s.io/v1beta1
+        kind: Kustomization
+        resources:
+          - deployment.yaml
+        components:
+          - {rel}/sidecar
+          - {rel}/podmonitors
+        images:
+          - name: kvwatch
+            newName: registry.example.com/kvwatch
+            newTag: "{PYPROJECT['project']['version']}"
+        """))
+    docs = kustomize(user)
+    deployments = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Deployment"}
+    spec = deployments["my-vllm"]["spec"]["template"]["spec"]
+    # the merge puts kvwatch first: it starts before the pod's own init containers and watches the load
+    assert [c["name"] for c in spec["initContainers"]] == ["kvwatch", "fetch-model"]
+    assert [c["name"] for c in spec["containers"]] == ["vllm"]
+    assert {v["name"] for v in spec["volumes"]} == {"cache", "kvwatch-tmp"}
+    assert deployments["my-vllm"]["spec"]["template"]["metadata"]["labels"] == {"app": "my-vllm", LABEL: "true"}
+    assert kvwatch_container({"spec": spec})["image"] == f"registry.example.com/kvwatch:{PYPROJECT['project']['version']}"
+    assert "initContainers" not in deployments["router"]["spec"]["template"]["spec"]
+    assert LABEL not in deployments["router"]["spec"]["template"]["metadata"]["labels"]
+    assert {d["metadata"]["name"] for d in docs if d["kind"] == "PodMonitor"} == {"kvwatch", "vllm"}
+
+
+# -- scraping and network policy ---------------------------------------------------------------------------
+
+
+def _selects(selector: dict, labels: dict) -> bool:
+    return all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items()) and not selector.get(
+        "matchExpressions")
+
+
+def test_podmonitors_scrape_kvwatch_and_vllm():
+    docs = render(EXAMPLE)
+    template = example_deployment()["spec"]["template"]
+    spec = template["spec"]
+    monitors = {d["metadata"]["name"]: d for d in docs if d["kind"] == "PodMonitor"}
+    for pm in monitors.values():
+        assert _selects(pm["spec"]["selector"], template["metadata"]["labels"]), pm["metadata"]["name"]
+    kv_ports = {p["name"] for p in kvwatch_container(template)["ports"]}
+    (ep,) = monitors["kvwatch"]["spec"]["podMetricsEndpoints"]
+    assert ep["port"] in kv_ports
+    (ep,) = monitors["vllm"]["spec"]["podMetricsEndpoints"]
+    assert ep["path"] == "/metrics"
+    assert ep["portNumber"] in {p["containerPort"] for p in spec["containers"][0]["ports"]}, (
+        "a PodMonitor only scrapes declared ports")
+
+
+def _resolve_port(port, pod_spec: dict) -> int:
+    if isinstance(port, int):
+        return port
+    for c in pod_spec.get("initContainers", []) + pod_spec["containers"]:
+        for p in c.get("ports", []):
+            if p.get("name") == port:
+                return p["containerPort"]
+    raise AssertionError(f"named port {port!r} is not declared")
+
+
+def test_networkpolicy_admits_only_prometheus_to_kvwatchs_port():
+    docs = render(EXAMPLE)
+    template = example_deployment()["spec"]["template"]
+    labels, spec = template["metadata"]["labels"], template["spec"]
+    policies = [d for d in docs if d["kind"] == "NetworkPolicy" and _selects(d["spec"]["podSelector"], labels)]
+    assert any(p["metadata"]["name"] == "kvwatch-allow-prometheus" for p in policies)
+    port = default_port()
+    admitted = []
+    for pol in policies:
+        assert "Ingress" in pol["spec"]["policyTypes"]
+        for rule in pol["spec"].get("ingress", []):
+            ports = {_resolve_port(p["port"], spec) for p in rule.get("ports", [])} or {"all"}
+            if port in ports or "all" in ports:
+                admitted.append(rule.get("from"))
+    assert admitted, "some rule admits Prometheus to kvwatch's port"
+    for peers in admitted:
+        assert peers, "a rule opens kvwatch's port to every source"
+        for peer in peers:
+            assert peer.get("podSelector", {}).get("matchLabels") == {"app.kubernetes.io/name": "prometheus"}
+            assert "namespaceSelector" in peer and "ipBlock" not in peer
+    # vLLM's API stays reachable for its clients (the example's own policy)
+    vllm_port = next(p["containerPort"] for p in spec["containers"][0]["ports"] if p["name"] == "http")
+    assert any(vllm_port in {_resolve_port(p["port"], spec) for p in r.get("ports", [])} and not r.get("from")
+               for pol in policies for r in pol["spec"].get("ingress", []))
+
+
+# -- Alertmanager ------------------------------------------------------------------------------------------
+
+RECEIVERS_DIR = "/etc/alertmanager/secrets/kvwatch-alertmanager-receivers/"
+
+
+def _alertmanager_secrets() -> dict[str, dict[str, bytes]]:
+    docs = render(DEPLOY / "overlays" / "alertmanager")
+    return {d["metadata"]["name"]: {k: base64.b64decode(v) for k, v in d["data"].items()}
+            for d in docs if d["kind"] == "Secret"}
+
+
+def test_alertmanager_config_has_no_inline_credentials():
+    secrets = _alertmanager_secrets()
+    config = yaml.safe_load(secrets["kvwatch-alertmanager-config"]["alertmanager.yaml"])
+    keys = set(secrets["kvwatch-alertmanager-receivers"])
+    seen = set()
+    for receiver in config["receivers"]:
+        for kind, configs in receiver.items():
+            if kind == "name":
+                continue
+            for c in configs:
+                for inline in ("api_url", "routing_key", "service_key", "url", "api_key", "bot_token"):
+                    assert inline not in c, f"{receiver['name']}: {inline} inline; use {inline}_file"
+                for k, v in c.items():
+                    if k.endswith("_file"):
+                        assert v.startswith(RECEIVERS_DIR), v
+                        seen.add(v.removeprefix(RECEIVERS_DIR))
+    assert seen == keys, "every key file is used, every used file is in the Secret"
+
+
+def test_alertmanager_config_checks_and_routes_by_severity(tmp_path):
+    config = tmp_path / "alertmanager.yaml"
+    config.write_bytes(_alertmanager_secrets()["kvwatch-alertmanager-config"]["alertmanager.yaml"])
+    amtool = find_binary("amtool")
+    check = subprocess.run([amtool, "check-config", str(config)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    cases = {
+        ("severity=critical", "alertname=KvwatchKVCacheSaturated"): "pager",
+        ("severity=warning", "alertname=KvwatchKVCacheSaturated"): "ticket",
+        ("severity=info", "alertname=KvwatchSomething"): "null",
+        ("severity=none", "alertname=Watchdog"): "null",
+    }
+    for labels, receiver in cases.items():
+        out = subprocess.run([amtool, "config", "routes", "test", f"--config.file={config}", *labels],
+                             capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip() == receiver, (labels, out.stdout)
+
+
+def test_alertmanager_reads_receiver_keys_from_the_mounted_secret(tmp_path):
+    """A real Alertmanager with the rendered config; the receivers Secret laid out as the Prometheus Operator
+    mounts it (one file per key); the keys point at a local stand-in for Slack and PagerDuty."""
+    secrets = _alertmanager_secrets()
+    mount = tmp_path / "secrets"
+    mount.mkdir()
+    with WebhookReceiver() as rx:
+        keys = {
+            "slack-api-url": f"{rx.url}/slack".encode(),
+            "pagerduty-routing-key": b"test-routing-key-from-file",
+        }
+        assert set(keys) == set(secrets["kvwatch-alertmanager-receivers"])
+        for k, v in keys.items():
+            (mount / k).write_bytes(v)
+        text = secrets["kvwatch-alertmanager-config"]["alertmanager.yaml"].decode()
+        config = yaml.safe_load(text.replace(RECEIVERS_DIR, f"{mount}/"))
+        # Only what a test must change: no waiting for groups, and PagerDuty's endpoint is the stand-in.
+        config["route"]["group_wait"] = "0s"
+        (pager,) = [r for r in config["receivers"] if r["name"] == "pager"]
+        pager["pagerduty_configs"][0]["url"] = f"{rx.url}/pagerduty"
+        with Alertmanager(config, tmp_path / "am") as am:
+            alerts = [
+                {"labels": {"alertname": "KvwatchTestWarning", "severity": "warning", "namespace": "ns", "pod": "a"},
+                 "annotations": {"summary": "warning test", "description": "d"}},
+                {"labels": {"alertname": "KvwatchTestCritical", "severity": "critical", "namespace": "ns", "pod": "b"},
+                 "annotations": {"summary": "critical test", "description": "d"}},
+            ]
+            r = httpx.post(am.url + "/api/v2/alerts", json=alerts, timeout=10, trust_env=False)
+            assert r.status_code == 200, r.text
+            got = rx.wait_for(lambda reqs: {q.path for q in reqs} >= {"/slack", "/pagerduty"} and reqs,
+                              timeout=60, what="Slack and PagerDuty notifications")
+    slack = next(q for q in got if q.path == "/slack")
+    assert "KvwatchTestWarning" in slack.body.decode()
+    pagerduty = next(q for q in got if q.path == "/pagerduty")
+    assert pagerduty.json["routing_key"] == "test-routing-key-from-file"
+    assert "KvwatchTestCritical" in pagerduty.body.decode()
