@@ -1099,15 +1099,25 @@ def capacity() -> JSON:
 QUANTILES = [("0.5", "p50", "light-blue"), ("0.9", "p90", "blue"), ("0.99", "p99", "dark-blue")]
 
 
-def quantile_panel(title: str, metric: str, what: str, todo: str) -> JSON:
+def quantile_panel(title: str, metric: str, what: str, todo: str, extra: list[tuple[str, str, str]] = ()) -> JSON:
+    """Quantiles of the worst engine; ``extra`` adds dashed reference lines (PromQL, legend, colour)."""
     return timeseries(
         title,
         what + " Worst engine of the selection, over kvwatch's window.",
         todo,
-        [query(agg("max", sel(metric, ENGINE, f'quantile="{q}"')), legend) for q, legend, _ in QUANTILES],
+        [query(agg("max", sel(metric, ENGINE, f'quantile="{q}"')), legend) for q, legend, _ in QUANTILES]
+        + [query(expr, legend) for expr, legend, _ in extra],
         unit="s",
-        overrides=[override(legend, fixed_color(color)) for _, legend, color in QUANTILES],
+        overrides=[override(legend, fixed_color(color)) for _, legend, color in QUANTILES]
+        + [override(legend, fixed_color(color), DASHED, NO_FILL) for _, legend, color in extra],
     )
+
+
+# The TTFT SLO of the alerts (alerts/kvwatch-rules.yaml, group kvwatch.config / kvwatch.slo): a time-slice
+# SLO on kvwatch's p99, with its threshold and objective as label-less constants.
+SLO_THRESHOLD = "kvwatch:slo_ttft_p99_threshold:seconds"
+SLO_OBJECTIVE = "kvwatch:slo_ttft_objective:ratio"
+SLO_ERRORS = "engine:kvwatch_ttft_slo_errors:ratio_avg{}"
 
 
 def slo_attainment(histogram: str, variable: str) -> str:
@@ -1175,10 +1185,12 @@ def latency() -> JSON:
         quantile_panel(
             "Time to first token",
             "kvwatch_time_to_first_token_seconds",
-            "TTFT quantiles (p50, p90, p99).",
-            "p99 far above p50 with a queue: requests wait for admission (see *Queue time*). All "
-            "quantiles high: prefill itself is slow (long prompts; enable prefix caching, raise the "
-            "token budget).",
+            "TTFT quantiles (p50, p90, p99), and (dashed) the p99 threshold of the TTFT SLO the "
+            "alerts page on.",
+            "p99 above the dashed line burns the SLO's error budget. p99 far above p50 with a queue: "
+            "requests wait for admission (see *Queue time*). All quantiles high: prefill itself is "
+            "slow (long prompts; enable prefix caching, raise the token budget).",
+            extra=[(agg("max", SLO_THRESHOLD), "SLO threshold", "red")],
         ),
         8,
         8,
@@ -1233,6 +1245,27 @@ def latency() -> JSON:
             [query(agg("max", sel("kvwatch_time_to_first_token_seconds", ENGINE, 'quantile="0.99"'), BY_ENGINE), ENGINE_LEGEND)],
             unit="s",
             legend="table",
+        ),
+        12,
+        8,
+    )
+    layout.add(
+        timeseries(
+            "TTFT SLO as alerted: time within the p99 threshold",
+            "The alerts' TTFT SLO per engine: the share of time kvwatch's p99 TTFT stayed under the "
+            "threshold, over the last 5 minutes and the last hour, against the objective (dashed). "
+            "Threshold and objective are set once in alerts/kvwatch-rules.yaml (group kvwatch.config).",
+            "The 5-minute line well under the objective pages fast (a fast burn); the 1-hour line under "
+            "it means the error budget is going. Find the cause with the Overview dashboard's "
+            "bottleneck and queue time, then apply its recommendation.",
+            [
+                query(f"1 - {sel(SLO_ERRORS.format('5m'))}", "5m · " + ENGINE_LEGEND),
+                query(f"1 - {sel(SLO_ERRORS.format('1h'))}", "1h · " + ENGINE_LEGEND),
+                query(agg("max", SLO_OBJECTIVE), "objective"),
+            ],
+            unit="percentunit",
+            max_value=1,
+            overrides=[override("objective", fixed_color("red"), DASHED, NO_FILL)],
         ),
         12,
         8,
