@@ -203,7 +203,7 @@ class Simulator:
         if wl.prefix_tokens:
             chain.append((("prefix", group, wl.prefix_tokens), wl.prefix_tokens))
         if n > 1:
-            chain.append((("parent", pid), prompt))
+            chain.append((("parent", pid), prompt - 1))  # the last prompt token is never a hit
         chain_keys = tuple(chain)
         engine = min(self.engines, key=lambda e: (len(e.waiting) * 4 + len(e.running), e.index))
         for k in range(n):
