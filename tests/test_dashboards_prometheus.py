@@ -18,6 +18,7 @@ import math
 import re
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import promql_parser
@@ -169,13 +170,21 @@ def stack(tmp_path_factory):
             with Prometheus(config, work / "prometheus", rule_files=recording_rule_files()) as prom:
                 prom.wait_for(lambda: len([t for t in prom.targets() if t["health"] == "up"]) == 2,
                               timeout=60, what="both scrape targets up")
-                yield prom, sim, kv
+                yield Stack(prom, sim, kv, time.time() - 1)
+
+
+@dataclass
+class Stack:
+    prom: Prometheus
+    sim: Kvwatch
+    kv: Kvwatch
+    start: float
 
 
 def test_every_panel_query_returns_data(stack):
-    prom, sim, kv = stack
+    prom, sim, kv = stack.prom, stack.sim, stack.kv
     start = time.time()
-    panels = Panels(prom, start - 1)
+    panels = Panels(prom, stack.start)
     try:
         wait_for(panels.poll, timeout=TOUR_TIMEOUT, interval=3.0, what="every dashboard query to return data")
     except TimeoutError:
@@ -192,7 +201,7 @@ def test_every_panel_query_returns_data(stack):
 
 
 def test_variable_queries_return_the_pod_labels(stack):
-    prom, _, _ = stack
+    prom = stack.prom
     for name, dash in generate.build_all().items():
         values = wait_for(lambda: variable_values(prom, dash), timeout=120, what=f"{name} variables")
         assert values["namespace"] == grafana_regex_escape(POD_LABELS["namespace"])
@@ -200,9 +209,54 @@ def test_variable_queries_return_the_pod_labels(stack):
         assert values["model_name"]
 
 
-def test_recording_rules_referenced_by_the_fleet_dashboard_are_loaded(stack):
-    prom, _, _ = stack
-    loaded = {r["name"] for g in prom.rules() for r in g["rules"] if r["type"] == "recording"}
-    exprs = [t["expr"] for _, t in generate.panel_queries(generate.build_all()["kvwatch-fleet"])]
-    referenced = {n for n in generate.metrics_in(exprs) if n.count(":") == 2}
-    assert referenced <= loaded, f"not loaded by Prometheus: {sorted(referenced - loaded)}"
+def test_recording_rules_referenced_by_the_dashboards_are_loaded(stack):
+    """Prometheus itself loaded every recording rule a dashboard reads (from alerts/), without errors."""
+    loaded = {r["name"]: r for g in stack.prom.rules() for r in g["rules"] if r["type"] == "recording"}
+    exprs = [t["expr"] for d in generate.build_all().values() for _, t in generate.panel_queries(d)]
+    referenced = {n for n in generate.metrics_in(exprs) if n.count(":") == 2 and not n.startswith("vllm:")}
+    assert any(n.startswith("engine:vllm_") for n in referenced), "the Fleet dashboard reads the fleet rules"
+    assert referenced <= set(loaded), f"not loaded by Prometheus: {sorted(referenced - set(loaded))}"
+    unhealthy = {n: loaded[n].get("lastError") for n in referenced if loaded[n].get("health") != "ok"}
+    assert not unhealthy, unhealthy
+
+
+def range_values(stack: Stack, name: str, target: dict) -> list[float]:
+    dash = generate.build_all()[name]
+    values = variable_values(stack.prom, dash) | {"__rate_interval": RATE_INTERVAL}
+    result = stack.prom.query_range(generate.substitute(target["expr"], values), stack.start, time.time(), STEP)
+    return [float(v) for series in result for _, v in series["values"]]
+
+
+def test_state_panels_only_show_mapped_states(stack):
+    """The numeric state codes the state panels compute are all states their value mappings name, so the
+    timelines read as words, never as bare numbers."""
+    seen = {}
+    for name, dash in generate.build_all().items():
+        for panel, target in generate.panel_queries(dash):
+            mappings = panel["fieldConfig"]["defaults"].get("mappings")
+            if not mappings:
+                continue
+            names = mappings[0]["options"]
+            values = range_values(stack, name, target)
+            assert values, f"{panel['title']}: no data"
+            texts = set()
+            for v in values:
+                assert v.is_integer() and str(int(v)) in names, f"{panel['title']}: {v} is not a mapped state"
+                texts.add(names[str(int(v))]["text"])
+            seen[f"{dash['title']} › {panel['title']} › {target['refId']}"] = sorted(texts)
+    print("\nstates shown during the tour:\n" + "\n".join(f"  {k}: {v}" for k, v in seen.items()))
+    assert len(seen) >= 5
+
+
+def test_ratio_panels_stay_within_0_and_1(stack):
+    """Panels drawn on a 0-100 % axis (KV usage, hit ratios, SLO attainment, shares of time) get ratios."""
+    checked = 0
+    for name, dash in generate.build_all().items():
+        for panel, target in generate.panel_queries(dash):
+            defaults = panel["fieldConfig"]["defaults"]
+            if defaults.get("unit") != "percentunit" or panel["type"] == "table":
+                continue
+            for v in range_values(stack, name, target):
+                assert -1e-9 <= v <= 1 + 1e-9, f"{panel['title']} {target['refId']}: {v} outside [0, 1]"
+            checked += 1
+    assert checked >= 8
