@@ -2,15 +2,19 @@
 """Copy the generated monitoring manifests into deploy/monitoring/, where kustomize can load them.
 
 kustomize's default load restrictor only reads files inside (or below) a kustomization's own directory, so
-`kubectl kustomize deploy/overlays/example` cannot reach ../../alerts or ../../grafana. This script keeps
-verbatim copies beside a kustomization that it writes:
+`kubectl kustomize deploy/overlays/example` cannot load ../../alerts/prometheusrule.yaml. It can load another
+*kustomization directory* anywhere, though. So for each source this script writes into
+deploy/monitoring/kustomization.yaml either
 
-    alerts/prometheusrule.yaml  ->  deploy/monitoring/prometheusrule.yaml    (the PrometheusRule)
+- a reference to the source's directory, when that directory has its own kustomization.yaml listing the file
+  (no copy, nothing to keep in sync), or else
+- a verbatim copy of the file beside it:
+
+    alerts/prometheusrule.yaml  ->  deploy/monitoring/prometheusrule.yaml     (the PrometheusRule)
     grafana/configmaps.yaml     ->  deploy/monitoring/grafana-dashboards.yaml (dashboard ConfigMaps)
-                                    deploy/monitoring/kustomization.yaml      (lists whichever exist)
 
-A source that does not exist (yet) is left out. Both sources are themselves generated (alerts/, grafana/
-generate.py): whoever regenerates them runs this script too.
+A source that does not exist (yet) is left out. Both are generated (alerts/, grafana/generate.py): whoever
+regenerates one runs this script too, until its directory has a kustomization.yaml.
 
     python3 deploy/sync.py           # write the copies
     python3 deploy/sync.py --check   # change nothing; exit 1 naming every stale file (tests/test_deploy.py)
@@ -40,12 +44,16 @@ HEADER = "# Copied by deploy/sync.py{source}. Do not edit: change the source and
 def expected(repo: Path = REPO) -> dict[Path, str]:
     """Every file deploy/monitoring/ should hold (path relative to it -> text)."""
     files: dict[Path, str] = {}
+    resources = []
     for source, copy in SOURCES.items():
-        if (repo / source).is_file():
+        if (repo / source.parent / "kustomization.yaml").is_file():
+            resources.append(f"../../{source.parent.as_posix()}")
+        elif (repo / source).is_file():
             files[copy] = HEADER.format(source=f" from {source.as_posix()}") + (repo / source).read_text(
                 encoding="utf-8"
             )
-    resources = "".join(f"  - {copy.as_posix()}\n" for copy in files)
+            resources.append(copy.as_posix())
+    resources = "".join(f"  - {r}\n" for r in resources)
     files[Path("kustomization.yaml")] = (
         HEADER.format(source="")
         + "# kvwatch's PrometheusRule and Grafana dashboard ConfigMaps (label grafana_dashboard: \"1\"), whichever\n"

@@ -35,7 +35,6 @@ import pytest
 import yaml
 from kubernetes_validate.utils import latest_version
 
-from kvwatch.config import Settings
 from tests.support.prometheus import Alertmanager, Kvwatch, WebhookReceiver, find_binary, free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -113,11 +112,19 @@ def example_deployment() -> dict:
     return d
 
 
+def settings():
+    """kvwatch's configuration model: the single source of truth for names and defaults."""
+    from kvwatch.config import Settings
+
+    return Settings
+
+
 def default_port() -> int:
-    return int(Settings.model_fields["listen"].default.rpartition(":")[2])
+    return int(settings().model_fields["listen"].default.rpartition(":")[2])
 
 
 def settings_env_names() -> set[str]:
+    Settings = settings()
     prefix = Settings.model_config["env_prefix"]
     names = set()
     for name, f in Settings.model_fields.items():
@@ -139,10 +146,39 @@ def test_monitoring_copies_are_current():
     directories without --load-restrictor LoadRestrictionsNone)."""
     proc = subprocess.run([sys.executable, str(DEPLOY / "sync.py"), "--check"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    kust = yaml.safe_load((DEPLOY / "monitoring" / "kustomization.yaml").read_text())
+    resources = yaml.safe_load((DEPLOY / "monitoring" / "kustomization.yaml").read_text()).get("resources") or []
     for source, copy_name in (("alerts/prometheusrule.yaml", "prometheusrule.yaml"),
                               ("grafana/configmaps.yaml", "grafana-dashboards.yaml")):
-        assert ((REPO / source).is_file()) == (copy_name in (kust.get("resources") or [])), source
+        directory = (REPO / source).parent
+        listed = copy_name in resources or f"../../{directory.name}" in resources
+        assert (REPO / source).is_file() == listed, source
+
+
+def test_sync_copies_or_references_sources(tmp_path):
+    """deploy/sync.py on a scratch tree: a source whose directory has a kustomization is referenced, another
+    is copied; --check semantics (stale) see edits, extra files and missing copies."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("deploy_sync", DEPLOY / "sync.py")
+    sync = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sync)
+    repo, out = tmp_path / "repo", tmp_path / "repo" / "deploy" / "monitoring"
+    (repo / "alerts").mkdir(parents=True)
+    (repo / "grafana").mkdir()
+    (repo / "alerts" / "prometheusrule.yaml").write_text("kind: PrometheusRule\n")
+    (repo / "alerts" / "kustomization.yaml").write_text("resources: [prometheusrule.yaml]\n")
+    (repo / "grafana" / "configmaps.yaml").write_text("kind: ConfigMap\n")
+    assert sync.stale(out, repo) == ["missing  grafana-dashboards.yaml", "missing  kustomization.yaml"]
+    sync.write(out, repo)
+    assert sync.stale(out, repo) == []
+    kust = yaml.safe_load((out / "kustomization.yaml").read_text())
+    assert kust["resources"] == ["../../alerts", "grafana-dashboards.yaml"]
+    assert (out / "grafana-dashboards.yaml").read_text().endswith("kind: ConfigMap\n")
+    (repo / "grafana" / "configmaps.yaml").write_text("kind: ConfigMap\nchanged: 1\n")
+    (out / "stray.yaml").write_text("x")
+    assert sync.stale(out, repo) == ["outdated grafana-dashboards.yaml", "extra    stray.yaml"]
+    sync.write(out, repo)
+    assert sync.stale(out, repo) == [] and not (out / "stray.yaml").exists()
 
 
 @pytest.mark.parametrize("path", RENDERABLE, ids=_id)
@@ -426,7 +462,7 @@ def test_ports_env_names_and_image_match_kvwatch():
     assert set(env) <= settings_env_names(), f"not kvwatch settings: {set(env) - settings_env_names()}"
     assert set(SCHEDULER_ENV) <= set(env)
     listen = env["KVWATCH_LISTEN"]["value"]
-    assert listen == Settings.model_fields["listen"].default
+    assert listen == settings().model_fields["listen"].default
     target = env["KVWATCH_TARGET"]["value"]
     (vllm,) = deployment["spec"]["template"]["spec"]["containers"]
     vllm_port = next(p["containerPort"] for p in vllm["ports"] if p["name"] == "http")
@@ -674,7 +710,8 @@ def test_alertmanager_config_checks_and_routes_by_severity(tmp_path):
         ("severity=critical", "alertname=KvwatchKVCacheSaturated"): "pager",
         ("severity=warning", "alertname=KvwatchKVCacheSaturated"): "ticket",
         ("severity=info", "alertname=KvwatchSomething"): "null",
-        ("severity=none", "alertname=Watchdog"): "null",
+        ("severity=info", "alertname=Watchdog"): "heartbeat",
+        ("severity=warning", "alertname=KvwatchDown"): "ticket",
     }
     for labels, receiver in cases.items():
         out = subprocess.run([amtool, "config", "routes", "test", f"--config.file={config}", *labels],
@@ -704,16 +741,37 @@ def test_alertmanager_reads_receiver_keys_from_the_mounted_secret(tmp_path):
         (pager,) = [r for r in config["receivers"] if r["name"] == "pager"]
         pager["pagerduty_configs"][0]["url"] = f"{rx.url}/pagerduty"
         with Alertmanager(config, tmp_path / "am") as am:
+            def alert(name, severity, pod, **labels):
+                return {"labels": {"alertname": name, "severity": severity, "namespace": "ns", "pod": pod, **labels},
+                        "annotations": {"summary": f"{name} test", "description": "d"}}
+
+            engine = {"target": "http://127.0.0.1:8000/metrics", "model_name": "m", "engine": "0"}
             alerts = [
-                {"labels": {"alertname": "KvwatchTestWarning", "severity": "warning", "namespace": "ns", "pod": "a"},
-                 "annotations": {"summary": "warning test", "description": "d"}},
-                {"labels": {"alertname": "KvwatchTestCritical", "severity": "critical", "namespace": "ns", "pod": "b"},
-                 "annotations": {"summary": "critical test", "description": "d"}},
+                alert("KvwatchTestWarning", "warning", "a"),
+                alert("KvwatchTestCritical", "critical", "b"),
+                # same alert, both severities: the critical one inhibits the warning
+                alert("KvwatchKVCacheAdmissionStall", "warning", "c", **engine),
+                alert("KvwatchKVCacheAdmissionStall", "critical", "c", **engine),
+                # kvwatch itself unscraped: its pod's other kvwatch alerts are inhibited
+                alert("KvwatchDown", "warning", "d"),
+                alert("KvwatchMaxNumSeqsBinding", "warning", "d", **engine),
             ]
             r = httpx.post(am.url + "/api/v2/alerts", json=alerts, timeout=10, trust_env=False)
             assert r.status_code == 200, r.text
             got = rx.wait_for(lambda reqs: {q.path for q in reqs} >= {"/slack", "/pagerduty"} and reqs,
                               timeout=60, what="Slack and PagerDuty notifications")
+
+            def inhibited():
+                state = {(a["labels"]["alertname"], a["labels"]["pod"], a["labels"]["severity"]): a["status"]
+                         for a in am.alerts()}
+                return state if all(state[k]["inhibitedBy"] for k in (
+                    ("KvwatchKVCacheAdmissionStall", "c", "warning"), ("KvwatchMaxNumSeqsBinding", "d", "warning"))
+                ) else None
+
+            state = am.wait_for(inhibited, timeout=60, what="inhibitions")
+            for key in (("KvwatchKVCacheAdmissionStall", "c", "critical"), ("KvwatchDown", "d", "warning"),
+                        ("KvwatchTestWarning", "a", "warning")):
+                assert not state[key]["inhibitedBy"], key
     slack = next(q for q in got if q.path == "/slack")
     assert "KvwatchTestWarning" in slack.body.decode()
     pagerduty = next(q for q in got if q.path == "/pagerduty")

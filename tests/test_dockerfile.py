@@ -37,7 +37,6 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kvwatch.config import Settings
 from tests.support.prometheus import free_port, wait_for
 
 REPO = Path(__file__).resolve().parents[1]
@@ -187,6 +186,8 @@ def test_entrypoint_is_the_console_script_and_cmd_the_sidecar():
 
 
 def test_exposes_kvwatchs_default_port():
+    from kvwatch.config import Settings
+
     default_port = int(Settings.model_fields["listen"].default.rpartition(":")[2])
     assert [e.args for e in FINAL.all("EXPOSE")] == [str(default_port)]
 
