@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import promql_parser
 import pytest
 import yaml
@@ -59,6 +60,16 @@ def recording_rule_files() -> list[Path]:
     return files
 
 
+def label_values(prom: Prometheus, label: str, match: str) -> list[str]:
+    """/api/v1/label/<label>/values?match[]=... (what Grafana's label_values() calls). A thin wrapper: the
+    shared harness has no such method."""
+    resp = httpx.get(f"{prom.url}/api/v1/label/{label}/values", params={"match[]": match}, timeout=10)
+    body = resp.json()
+    if body.get("status") != "success":
+        raise RuntimeError(f"label values {label} {match}: {body.get('error')}")
+    return body["data"]
+
+
 def variable_values(prom: Prometheus, dash: dict) -> dict[str, str]:
     """Resolve the scope variables in order, as Grafana does: each label_values() query with the
     variables before it substituted; the first value is selected."""
@@ -68,7 +79,7 @@ def variable_values(prom: Prometheus, dash: dict) -> dict[str, str]:
             m = re.fullmatch(r"label_values\((.+), (\w+)\)", var["query"])
             assert m, var["query"]
             series = generate.substitute(m.group(1), values)
-            found = prom._api(f"label/{m.group(2)}/values", **{"match[]": series})
+            found = label_values(prom, m.group(2), series)
             assert found, f"variable {var['name']}: {var['query']} returned no values"
             values[var["name"]] = grafana_regex_escape(sorted(found)[0])
         elif var["type"] == "custom":
@@ -86,18 +97,24 @@ def has_data(result: list[dict]) -> bool:
 
 
 class Panels:
-    """Every query of every dashboard, and whether it has returned data yet."""
+    """Every query of every dashboard, twice: with the first value each scope variable offers selected,
+    and with the default "All" (``.*``); and whether each has returned data yet."""
+
+    SELECTIONS = ("first value", "All")
 
     def __init__(self, prom: Prometheus, start: float):
         self.prom = prom
         self.start = start
-        self.pending: dict[str, tuple[str, dict, dict]] = {}
-        self.values: dict[str, dict[str, str]] = {}
-        for name, dash in generate.build_all().items():
-            for panel, target in generate.panel_queries(dash):
-                self.pending[f"{dash['title']} › {panel['title']} › {target['refId']}"] = (name, panel, target)
-        self.total = len(self.pending)
         self.dashboards = generate.build_all()
+        self.pending: dict[str, tuple[str, str, dict]] = {}
+        for name, dash in self.dashboards.items():
+            for panel, target in generate.panel_queries(dash):
+                for selection in self.SELECTIONS:
+                    key = f"{dash['title']} › {panel['title']} › {target['refId']} ({selection})"
+                    self.pending[key] = (name, selection, target)
+        self.total = len(self.pending)
+        self.values: dict[str, dict[str, str]] = {}
+        self.errors: dict[str, str] = {}  # queries Prometheus refused: fail at once, no point waiting
 
     def resolve_variables(self) -> bool:
         for name, dash in self.dashboards.items():
@@ -108,41 +125,49 @@ class Panels:
                     return False
         return True
 
-    def expr(self, name: str, target: dict, now: float) -> str:
-        builtins = {"__rate_interval": RATE_INTERVAL, "__range": f"{int(now - self.start) + 1}s"}
-        return generate.substitute(target["expr"], self.values[name] | builtins)
+    def expr(self, name: str, selection: str, target: dict, now: float) -> str:
+        values = dict(self.values[name])
+        if selection == "All":
+            values |= {var: ".*" for var in SCOPE}
+        values |= {"__rate_interval": RATE_INTERVAL, "__range": f"{int(now - self.start) + 1}s"}
+        return generate.substitute(target["expr"], values)
 
     def poll(self) -> bool:
         if not self.resolve_variables():
             return False
         now = time.time()
-        for key, (name, panel, target) in list(self.pending.items()):
-            expr = self.expr(name, target, now)
-            if target.get("instant"):
-                result = self.prom.query(expr, time=now)
-            else:
-                result = self.prom.query_range(expr, self.start, now, STEP)
+        for key, (name, selection, target) in list(self.pending.items()):
+            expr = self.expr(name, selection, target, now)
+            try:
+                if target.get("instant"):
+                    result = self.prom.query(expr, time=now)
+                else:
+                    result = self.prom.query_range(expr, self.start, now, STEP)
+            except RuntimeError as exc:  # Prometheus answered with an error (bad_data, execution)
+                self.errors[key] = f"{exc}\n    query: {expr}"
+                continue
             if has_data(result):
                 del self.pending[key]
-        return not self.pending
+        return not self.pending or bool(self.errors)
 
     def missing_series(self) -> list[str]:
-        """For each query still without data, the selectors in it that match no series at all."""
+        """For each query still without data, the selectors in it that match no series in the run."""
         now = time.time()
         lines = []
-        for key, (name, panel, target) in self.pending.items():
-            expr = self.expr(name, target, now) if name in self.values else target["expr"]
-            absent = []
-            if name in self.values:
-                found: list[promql_parser.VectorSelector] = []
-                promql_parser.walk(
-                    promql_parser.parse(expr),
-                    lambda n: found.append(n) if isinstance(n, promql_parser.VectorSelector) else None,
-                )
-                for vs in found:
-                    probe = f"count(last_over_time({vs}[{int(now - self.start) + 1}s]))"
-                    if not self.prom.query(probe, time=now):
-                        absent.append(str(vs))
+        for key, (name, selection, target) in self.pending.items():
+            if name not in self.values:
+                lines.append(f"{key}\n    the variables never resolved: {target['expr']}")
+                continue
+            expr = self.expr(name, selection, target, now)
+            found: list[promql_parser.VectorSelector] = []
+            promql_parser.walk(
+                promql_parser.parse(expr),
+                lambda n: found.append(n) if isinstance(n, promql_parser.VectorSelector) else None,
+            )
+            absent = [
+                str(vs) for vs in found
+                if not self.prom.query(f"count(last_over_time({vs}[{int(now - self.start) + 1}s]))", time=now)
+            ]
             lines.append(f"{key}\n    query: {expr}\n    selectors with no series in the run: {absent or 'none'}")
         return lines
 
@@ -194,6 +219,9 @@ def test_every_panel_query_returns_data(stack):
           f"after {elapsed:.0f}s of the tour (speed {SPEED}, scrape {SCRAPE_INTERVAL}s, "
           f"$__rate_interval={RATE_INTERVAL}); variables: {panels.values.get('kvwatch-overview')}")
     assert sim.running() and kv.running(), "the simulator or kvwatch died:\n" + sim.log_tail() + kv.log_tail()
+    assert not panels.errors, "Prometheus refused these queries:\n" + "\n".join(
+        f"{k}: {v}" for k, v in panels.errors.items()
+    )
     assert not panels.pending, (
         f"{len(panels.pending)} of {panels.total} dashboard queries never returned data "
         f"in {elapsed:.0f}s:\n" + "\n".join(panels.missing_series())
