@@ -347,13 +347,18 @@ def _kv_recommendations(s: Signals, hints: Hints) -> list[Recommendation]:
             )
         )
     if s.preemptions_per_second:
-        target = f" (~{int(s.estimated_max_concurrency)})" if s.estimated_max_concurrency else ""
-        recs.append(
-            Recommendation(
-                "lower_max_num_seqs",
-                f"{s.preemptions_per_second:.1f} preemptions/s throw away computed KV; capping concurrency near what "
-                f"the KV cache holds{target} avoids the recompute",
+        est, running = s.estimated_max_concurrency, s.running_recent_max
+        if est is not None and running and est < running:
+            why = (
+                f"{s.preemptions_per_second:.1f} preemptions/s throw away computed KV: up to {_n(running)} sequences run "
+                f"but the KV cache holds ~{_n(est)} at their length; capping max_num_seqs near {max(1, int(est))} "
+                "avoids the recompute"
             )
-        )
+        else:
+            why = (
+                f"{s.preemptions_per_second:.1f} preemptions/s throw away computed KV; fewer concurrent sequences "
+                "leave each one room to grow"
+            )
+        recs.append(Recommendation("lower_max_num_seqs", why))
     recs.append(Recommendation("add_replica", "more engines bring more KV cache; the cost is another GPU"))
     return recs

@@ -1,0 +1,205 @@
+"""The sidecar: one scrape loop per target, and the aiohttp server that exposes the result.
+
+Each target is polled on a fixed schedule (missed ticks are skipped, never bunched). After every
+scrape, success or not, the target's diagnosis is recomputed and cached: ``/metrics`` and
+``/api/v1/diagnosis`` only read the cache, so a Prometheus scrape costs rendering, not analysis.
+Large bodies are parsed in a worker thread so one huge target cannot freeze the others' schedule.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import html
+import json
+import logging
+import time
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+from prometheus_client.aiohttp import make_aiohttp_handler
+
+from kvwatch import __version__
+from kvwatch.config import Settings
+from kvwatch.diagnose import Hints, Thresholds
+from kvwatch.export import KvwatchCollector, TargetStatus
+from kvwatch.parse import ParseError, parse
+from kvwatch.normalize import keep_family
+from kvwatch.scrape import FetchConfig, Fetcher, ScrapeError
+from kvwatch.state import NoVllmMetrics, TargetState
+
+__all__ = ["Monitor", "make_app", "serve"]
+
+log = logging.getLogger("kvwatch")
+OFF_LOOP_BYTES = 256 * 1024  # parse bodies larger than this in a thread
+
+
+def hints_of(settings: Settings) -> Hints:
+    return Hints(settings.max_num_seqs, settings.max_num_batched_tokens, settings.max_model_len)
+
+
+def thresholds_of(settings: Settings) -> Thresholds:
+    return Thresholds(
+        admission_stall=settings.admission_stall_threshold,
+        preemption_risk=settings.preemption_risk_threshold,
+        stall_seconds=max(5.0, 3 * settings.interval),
+    )
+
+
+class Monitor:
+    """All targets' state; the scrape loops write it, the web handlers read it."""
+
+    def __init__(self, settings: Settings, clock=time.time):
+        self.settings = settings
+        self.clock = clock
+        self.states = {
+            t: TargetState(
+                t,
+                window_seconds=settings.window,
+                stale_after_seconds=settings.stale_after,
+                max_engines=settings.max_engines,
+                hints=hints_of(settings),
+                thresholds=thresholds_of(settings),
+            )
+            for t in settings.target
+        }
+        self.statuses = {t: TargetStatus(t) for t in settings.target}
+        self.fetcher: Fetcher | None = None
+        self._tasks: list[asyncio.Task] = []
+        self.scrapes = 0  # completed scrape attempts, all targets (tests and the demo wait on it)
+
+    async def start(self) -> None:
+        s = self.settings
+        self.fetcher = Fetcher(
+            FetchConfig(s.scrape_timeout, s.max_body_bytes, s.bearer_token_file, s.tls_verify),
+            user_agent=f"kvwatch/{__version__}",
+        )
+        for t in s.target:
+            self._tasks.append(asyncio.create_task(self._loop(t), name=f"scrape {t}"))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        if self.fetcher is not None:
+            await self.fetcher.aclose()
+
+    async def _loop(self, target: str) -> None:
+        interval = self.settings.interval
+        loop = asyncio.get_running_loop()
+        next_tick = loop.time()
+        while True:
+            try:
+                await self.scrape_once(target)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a bug must not end the loop: log it and keep scraping
+                log.exception("unexpected error scraping %s", target)
+            next_tick += interval
+            now = loop.time()
+            if next_tick < now:  # overran: skip the missed ticks instead of bunching them
+                next_tick += ((now - next_tick) // interval + 1) * interval
+            await asyncio.sleep(next_tick - now)
+
+    async def scrape_once(self, target: str) -> None:
+        state, status = self.states[target], self.statuses[target]
+        started = time.perf_counter()
+        t = self.clock()
+        try:
+            body = await self.fetcher.fetch(target)
+            try:
+                if len(body) > OFF_LOOP_BYTES:
+                    families = await asyncio.to_thread(parse, body, keep_family)
+                else:
+                    families = parse(body, keep_family)
+            except ParseError as e:
+                raise ScrapeError("parse", str(e)) from None
+            try:
+                state.observe(t, families)
+            except NoVllmMetrics as e:
+                raise ScrapeError("no_vllm_metrics", str(e)) from None
+        except ScrapeError as e:
+            status.errors[e.reason] += 1
+            state.observe_failure(t, str(e))
+            if status.up:
+                log.warning("scrape of %s failed: %s", target, e)
+            status.up = False
+        else:
+            if not status.up:
+                log.info("scraping %s", target)
+            status.up = True
+        status.scrape_duration_seconds = time.perf_counter() - started
+        status.diagnosis = state.diagnose(self.clock())
+        self.scrapes += 1
+
+    def diagnosis_json(self) -> dict:
+        docs = []
+        for t in self.settings.target:
+            d = self.statuses[t].diagnosis
+            docs.append(d.as_dict() if d else {"timestamp": None, "target": t, "up": False, "bottleneck": "unreachable", "engines": []})
+        if len(docs) == 1:
+            return docs[0]
+        from kvwatch.diagnose import most_severe
+
+        return {"timestamp": self.clock(), "bottleneck": most_severe([d["bottleneck"] for d in docs]), "targets": docs}
+
+
+LANDING = """<!doctype html><html><head><title>kvwatch</title></head><body>
+<h1>kvwatch {version}</h1><p>Watching: {targets}</p>
+<ul><li><a href="metrics">/metrics</a></li><li><a href="api/v1/diagnosis">/api/v1/diagnosis</a></li>
+<li><a href="healthz">/healthz</a></li><li><a href="readyz">/readyz</a></li></ul></body></html>"""
+
+MONITOR = web.AppKey("monitor", Monitor)
+
+
+def make_app(monitor: Monitor) -> web.Application:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(KvwatchCollector(lambda: monitor.statuses.values()))
+
+    @web.middleware
+    async def server_header(request, handler):
+        resp = await handler(request)
+        resp.headers["Server"] = f"kvwatch/{__version__}"
+        return resp
+
+    app = web.Application(middlewares=[server_header])
+    app[MONITOR] = monitor
+
+    async def landing(_):
+        targets = ", ".join(html.escape(t) for t in monitor.settings.target)
+        return web.Response(text=LANDING.format(version=__version__, targets=targets), content_type="text/html")
+
+    async def diagnosis(_):
+        return web.Response(text=json.dumps(monitor.diagnosis_json(), indent=1), content_type="application/json")
+
+    async def ok(_):
+        # Readiness means "kvwatch serves", never "vLLM is up": a loading model must not pull the pod.
+        return web.Response(text="ok\n")
+
+    app.router.add_get("/", landing)
+    app.router.add_get("/metrics", make_aiohttp_handler(registry))
+    app.router.add_get("/api/v1/diagnosis", diagnosis)
+    app.router.add_get("/healthz", ok)
+    app.router.add_get("/readyz", ok)
+
+    async def lifecycle(app):
+        await monitor.start()
+        yield
+        await monitor.stop()
+
+    app.cleanup_ctx.append(lifecycle)
+    return app
+
+
+async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
+    """Run the sidecar until ``stop`` is set (or forever)."""
+    monitor = Monitor(settings)
+    runner = web.AppRunner(make_app(monitor), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, settings.listen_host, settings.listen_port)
+    await site.start()
+    log.info("kvwatch %s listening on %s, watching %s", __version__, settings.listen, ", ".join(settings.target))
+    try:
+        await (stop.wait() if stop else asyncio.Event().wait())
+    finally:
+        await runner.cleanup()

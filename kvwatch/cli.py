@@ -1,0 +1,314 @@
+"""Command line: ``kvwatch [run|diagnose|record|sim|demo] ...``.
+
+Flags are parsed as strings and validated by ``kvwatch.config.Settings`` together with the
+``KVWATCH_*`` environment, so a bad flag and a bad env var fail the same way: exit 2, one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+from kvwatch import __version__
+from kvwatch.config import ConfigError, Settings, load_settings
+from kvwatch.diagnose import SEVERITY
+from kvwatch.parse import ParseError
+from kvwatch.state import NoVllmMetrics, TargetDiagnosis, TargetState
+
+SUBCOMMANDS = ("run", "diagnose", "record", "sim", "demo")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2 (argparse would print the whole usage first)
+        sys.stderr.write(f"kvwatch: error: {message} (see {self.prog} --help)\n")
+        raise SystemExit(2)
+
+
+def _scrape_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--interval", help="seconds between scrapes (default 1)")
+    p.add_argument("--timeout", help="per-scrape timeout in seconds (default 0.8 x interval)")
+    p.add_argument("--max-body-bytes", help="refuse larger /metrics bodies (default 16 MiB)")
+    p.add_argument("--bearer-token-file", help="file holding the bearer token for /metrics")
+    p.add_argument("--tls-verify", action=argparse.BooleanOptionalAction, default=None, help="verify TLS (default on)")
+
+
+def _analysis_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--window", help="seconds of history the diagnosis uses (default 10)")
+    p.add_argument("--stale-after", help="withdraw derived series after this many seconds without a good scrape")
+    p.add_argument("--max-num-seqs", help="vLLM's --max-num-seqs (optional hint)")
+    p.add_argument("--max-num-batched-tokens", help="vLLM's --max-num-batched-tokens (optional hint)")
+    p.add_argument("--max-model-len", help="vLLM's --max-model-len (optional hint)")
+    p.add_argument("--admission-stall-threshold", help="KV usage at which prefills stall (default 0.90)")
+    p.add_argument("--preemption-risk-threshold", help="KV usage at which preemption starts (default 0.95)")
+    p.add_argument("--max-engines", help="(model, engine) pairs per target before folding into _overflow")
+    p.add_argument("--log-level", help="debug, info, warning, error")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="kvwatch", description="Which limit binds your vLLM server, and what to change.")
+    parser.add_argument("--version", action="version", version=f"kvwatch {__version__}")
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
+
+    run = sub.add_parser("run", help="the sidecar (default)", description="Scrape vLLM and serve kvwatch's metrics.")
+    run.add_argument("--target", action="append", help="vLLM /metrics URL (repeatable)")
+    run.add_argument("--listen", help="HOST:PORT to serve on (default 0.0.0.0:9847)")
+    _scrape_flags(run)
+    _analysis_flags(run)
+
+    diag = sub.add_parser("diagnose", help="scrape for a while (or replay a recording) and print the diagnosis")
+    diag.add_argument("url", nargs="?", help="vLLM /metrics URL")
+    diag.add_argument("--duration", type=float, default=15.0, help="seconds to watch (default 15)")
+    diag.add_argument("--replay", type=Path, help="directory of recorded <unix_time>.prom files")
+    diag.add_argument("--json", action="store_true", help="print JSON")
+    diag.add_argument("--timeline", action="store_true", help="one JSON object per snapshot")
+    _scrape_flags(diag)
+    _analysis_flags(diag)
+
+    rec = sub.add_parser("record", help="save every scrape as DIR/<unix_time>.prom")
+    rec.add_argument("url", help="vLLM /metrics URL")
+    rec.add_argument("--out", type=Path, required=True, help="directory to write to")
+    rec.add_argument("--duration", type=float, required=True, help="seconds to record")
+    _scrape_flags(rec)
+
+    sub.add_parser("sim", help="the built-in vLLM simulator (kvwatch sim --help)", add_help=False)
+    sub.add_parser("demo", help="simulator + sidecar + live view (kvwatch demo --help)", add_help=False)
+    return parser
+
+
+def _settings(args: argparse.Namespace, **extra) -> Settings:
+    fields = set(Settings.model_fields)
+    given = {k: v for k, v in vars(args).items() if k in fields and v is not None}
+    given.update({k: v for k, v in extra.items() if v is not None})
+    return load_settings(**given)
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+
+
+# ---------------------------------------------------------------------------------------- output
+
+
+def render_text(d: TargetDiagnosis) -> str:
+    lines = [f"{d.target}: {d.bottleneck}" + ("" if d.up else f" ({d.error or 'not scraped'})")]
+    for e in d.engines:
+        lines.append(f"  model {e.model_name!r} engine {e.engine}: {e.bottleneck}")
+        for ev in e.evidence:
+            lines.append(f"    - {ev}")
+        for r in e.recommendations:
+            lines.append(f"    => {r.action}: {r.why}")
+    return "\n".join(lines)
+
+
+class _History:
+    """Diagnoses over a run, to summarise what was seen (not just how it ended)."""
+
+    def __init__(self):
+        self.seen: Counter[str] = Counter()
+        self.worst: TargetDiagnosis | None = None
+
+    @staticmethod
+    def _badness(d: TargetDiagnosis) -> tuple[int, float]:
+        # The most severe state; among equals, the moment with the longest queue.
+        return SEVERITY[d.bottleneck], sum((e.signals.requests_waiting or 0) for e in d.engines if e.signals)
+
+    def add(self, d: TargetDiagnosis) -> None:
+        self.seen[d.bottleneck] += 1
+        if self.worst is None or self._badness(d) > self._badness(self.worst):
+            self.worst = d
+
+    def summary(self) -> dict:
+        return {
+            "bottlenecks_seen": dict(self.seen),
+            "worst": self.worst.as_dict() if self.worst else None,
+        }
+
+
+def _print_result(final: TargetDiagnosis, hist: _History, as_json: bool) -> None:
+    if as_json:
+        doc = final.as_dict()
+        doc["summary"] = hist.summary()
+        print(json.dumps(doc, indent=1))
+        return
+    print(render_text(final))
+    seen = ", ".join(f"{b} x{n}" for b, n in hist.seen.most_common())
+    print(f"\nseen over the run: {seen}")
+    if hist.worst is not None and hist.worst is not final and hist.worst.bottleneck != final.bottleneck:
+        print(f"\nworst moment (t={hist.worst.timestamp:.1f}):")
+        print(render_text(hist.worst))
+
+
+# ---------------------------------------------------------------------------------------- commands
+
+
+def _replay(args, settings: Settings) -> int:
+    d = args.replay
+    if not d.is_dir():
+        raise ConfigError(f"invalid setting --replay: {str(d)!r} is not a directory")
+    files = []
+    for f in d.glob("*.prom"):
+        try:
+            files.append((float(f.name[: -len(".prom")]), f))
+        except ValueError:
+            continue  # not a <unix_time>.prom file
+    if not files:
+        raise ConfigError(f"invalid setting --replay: no <unix_time>.prom files in {str(d)!r}")
+    files.sort()
+    state = _state(str(d), settings)
+    hist = _History()
+    final = None
+    for t, f in files:
+        try:
+            state.observe_body(t, f.read_text(encoding="utf-8", errors="replace"))
+        except (ParseError, NoVllmMetrics) as e:
+            state.observe_failure(t, f"{f.name}: {e}")
+        final = state.diagnose(t)
+        hist.add(final)
+        if args.timeline:
+            print(json.dumps(final.as_dict()), flush=True)
+    if not args.timeline:
+        _print_result(final, hist, args.json)
+    return 0
+
+
+def _state(target: str, settings: Settings) -> TargetState:
+    from kvwatch.app import hints_of, thresholds_of
+
+    return TargetState(
+        target,
+        window_seconds=settings.window,
+        stale_after_seconds=settings.stale_after,
+        max_engines=settings.max_engines,
+        hints=hints_of(settings),
+        thresholds=thresholds_of(settings),
+    )
+
+
+async def _diagnose_live(args, settings: Settings) -> int:
+    from kvwatch.app import Monitor
+
+    monitor = Monitor(settings)
+    hist = _History()
+    await monitor.start()
+    status = monitor.statuses[settings.target[0]]
+    try:
+        end = time.monotonic() + args.duration
+        seen = 0
+        while time.monotonic() < end:
+            await asyncio.sleep(min(0.1, max(0.0, end - time.monotonic())))
+            if monitor.scrapes != seen and status.diagnosis is not None:
+                seen = monitor.scrapes
+                hist.add(status.diagnosis)
+                if args.timeline:
+                    print(json.dumps(status.diagnosis.as_dict()), flush=True)
+    finally:
+        await monitor.stop()
+    final = status.diagnosis
+    if final is None:
+        print(f"{settings.target[0]}: no scrape completed in {args.duration:g}s", file=sys.stderr)
+        return 1
+    if not args.timeline:
+        _print_result(final, hist, args.json)
+    return 0 if final.bottleneck != "unreachable" else 1
+
+
+async def _record(args, settings: Settings) -> int:
+    from kvwatch.scrape import FetchConfig, Fetcher, ScrapeError
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    fetcher = Fetcher(
+        FetchConfig(settings.scrape_timeout, settings.max_body_bytes, settings.bearer_token_file, settings.tls_verify),
+        user_agent=f"kvwatch/{__version__}",
+    )
+    saved = failed = 0
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    tick = start
+    try:
+        while loop.time() - start < args.duration:
+            t = time.time()
+            try:
+                body = await fetcher.fetch(settings.target[0])
+            except ScrapeError as e:
+                failed += 1
+                logging.getLogger("kvwatch").warning("scrape failed: %s", e)
+            else:
+                (args.out / f"{t:.3f}.prom").write_text(body, encoding="utf-8")
+                saved += 1
+            tick += settings.interval
+            await asyncio.sleep(max(0.0, tick - loop.time()))
+    finally:
+        await fetcher.aclose()
+    print(f"recorded {saved} snapshots to {args.out} ({failed} failed scrapes)")
+    return 0 if saved else 1
+
+
+async def _run(settings: Settings) -> int:
+    from kvwatch.app import serve
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await serve(settings, stop)
+    except OSError as e:  # e.g. the port is taken
+        print(f"kvwatch: error: cannot listen on {settings.listen}: {e.strerror or e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "sim":
+        from kvwatch.sim.cli import main as sim_main
+
+        return sim_main(argv[1:])
+    if argv and argv[0] == "demo":
+        from kvwatch.demo import main as demo_main
+
+        return demo_main(argv[1:])
+    if not argv or (argv[0] not in SUBCOMMANDS and argv[0] not in ("-h", "--help", "--version")):
+        argv.insert(0, "run")
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "run":
+            settings = _settings(args)
+            _setup_logging(settings.log_level)
+            return asyncio.run(_run(settings))
+        if args.command == "diagnose":
+            if args.replay is not None:
+                settings = _settings(args)
+                _setup_logging(settings.log_level)
+                return _replay(args, settings)
+            if not args.url:
+                raise ConfigError("invalid setting: diagnose needs a URL or --replay DIR")
+            if args.duration <= 0:
+                raise ConfigError("invalid setting --duration: must be > 0")
+            settings = _settings(args, target=[args.url])
+            _setup_logging(settings.log_level)
+            return asyncio.run(_diagnose_live(args, settings))
+        if args.command == "record":
+            if args.duration <= 0:
+                raise ConfigError("invalid setting --duration: must be > 0")
+            settings = _settings(args, target=[args.url])
+            _setup_logging(settings.log_level)
+            return asyncio.run(_record(args, settings))
+    except ConfigError as e:
+        print(f"kvwatch: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # e.g. piped into head
+        return 0
+    build_parser().print_help()
+    return 2
