@@ -129,10 +129,11 @@ def state_code(
     return agg("max", " or ".join(parts), by)
 
 
-def per_recommendation(expr: str) -> str:
-    """Attach ``expr`` (one value per engine) to each recommendation the engine had in the range."""
+def evidence(op: str, metric: str) -> str:
+    """``op``_over_time of a per-engine ``metric`` over the dashboard's range, attached to each
+    recommendation the engine had in that range (one row per engine and action)."""
     active = f"count_over_time({sel('kvwatch_recommendation')}[{RANGE}]) > bool 0"
-    return f"{expr} * on ({ENGINE_KEY}) group_right () ({active})"
+    return f"{op}_over_time({sel(metric)}[{RANGE}]) * on ({ENGINE_KEY}) group_right () ({active})"
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -206,6 +207,14 @@ def fixed_color(color: str) -> tuple[str, Any]:
 
 DASHED = ("custom.lineStyle", {"dash": [10, 10], "fill": "dash"})
 NO_FILL = ("custom.fillOpacity", 0)
+
+
+def dashed_series(regex: str) -> JSON:
+    """Draw the series whose name matches ``regex`` as dashed reference lines (limits, capacities)."""
+    return {
+        "matcher": {"id": "byRegexp", "options": regex},
+        "properties": [{"id": pid, "value": value} for pid, value in (DASHED, NO_FILL)],
+    }
 
 
 def timeseries(
@@ -289,7 +298,9 @@ def value_mappings(states: list[tuple[str, str, str]]) -> list[JSON]:
     return [
         {
             "type": "value",
-            "options": {str(code): {"color": color, "index": code, "text": text} for code, (_, text, color) in enumerate(states)},
+            "options": {
+                str(code): {"color": color, "index": code, "text": text} for code, (_, text, color) in enumerate(states)
+            },
         }
     ]
 
@@ -682,11 +693,11 @@ def overview() -> JSON:
             {"pod": "Pod", "model_name": "Model", "engine": "Engine", "action": "Recommendation"},
             [
                 ("Active", share_active, "percentunit"),
-                ("Peak KV usage", per_recommendation(f"max_over_time({sel('kvwatch_kv_cache_usage_ratio')}[{RANGE}])"), "percentunit"),
-                ("Peak waiting", per_recommendation(f"max_over_time({sel('kvwatch_requests_waiting')}[{RANGE}])"), "none"),
-                ("Peak preemptions / s", per_recommendation(f"max_over_time({sel('kvwatch_preemptions_per_second')}[{RANGE}])"), "reqps"),
-                ("Throughput gap", per_recommendation(f"avg_over_time({sel('kvwatch_throughput_gap')}[{RANGE}])"), "percentunit"),
-                ("Min headroom", per_recommendation(f"min_over_time({sel('kvwatch_concurrency_headroom')}[{RANGE}])"), "none"),
+                ("Peak KV usage", evidence("max", "kvwatch_kv_cache_usage_ratio"), "percentunit"),
+                ("Peak waiting", evidence("max", "kvwatch_requests_waiting"), "none"),
+                ("Peak preemptions / s", evidence("max", "kvwatch_preemptions_per_second"), "reqps"),
+                ("Throughput gap", evidence("avg", "kvwatch_throughput_gap"), "percentunit"),
+                ("Min headroom", evidence("min", "kvwatch_concurrency_headroom"), "none"),
             ],
             column_overrides=[color_cells("Peak KV usage", KV_STEPS), color_cells("Peak preemptions / s", ANY_IS_BAD)],
             sort_by="Active",
@@ -808,10 +819,7 @@ def overview() -> JSON:
             ],
             unit=TOKENS,
             overrides=[
-                {
-                    "matcher": {"id": "byRegexp", "options": "^budget.*"},
-                    "properties": [{"id": "custom.lineStyle", "value": DASHED[1]}, {"id": "custom.fillOpacity", "value": 0}],
-                }
+                dashed_series("^budget.*")
             ],
         ),
         12,
@@ -855,7 +863,12 @@ def overview() -> JSON:
             "Durations approaching `--timeout` (default 0.8 s) lead to `timeout` errors and gaps: an "
             "overloaded vLLM API server answers `/metrics` slowly too. Raise `--interval` and "
             "`--timeout` together, or investigate the API server.",
-            [query(agg("max", sel("kvwatch_scrape_duration_seconds", POD), f"{BY_POD}, target"), "{{pod}} · {{target}}")],
+            [
+                query(
+                    agg("max", sel("kvwatch_scrape_duration_seconds", POD), f"{BY_POD}, target"),
+                    "{{pod}} · {{target}}",
+                )
+            ],
             unit="s",
         ),
         8,
@@ -958,10 +971,7 @@ def capacity() -> JSON:
             ],
             unit=TOKENS,
             overrides=[
-                {
-                    "matcher": {"id": "byRegexp", "options": "^capacity.*"},
-                    "properties": [{"id": "custom.lineStyle", "value": DASHED[1]}, {"id": "custom.fillOpacity", "value": 0}],
-                }
+                dashed_series("^capacity.*")
             ],
         ),
         12,
@@ -1028,10 +1038,7 @@ def capacity() -> JSON:
             ],
             unit="none",
             overrides=[
-                {
-                    "matcher": {"id": "byRegexp", "options": "^estimate.*"},
-                    "properties": [{"id": "custom.lineStyle", "value": DASHED[1]}, {"id": "custom.fillOpacity", "value": 0}],
-                }
+                dashed_series("^estimate.*")
             ],
         ),
         12,
@@ -1242,7 +1249,12 @@ def latency() -> JSON:
             "99th percentile time to first token of each engine, to find the outlier.",
             "One engine far above the others: check its bottleneck on the Overview dashboard (one "
             "replica can be KV-bound while others idle: fix the routing / load balancing).",
-            [query(agg("max", sel("kvwatch_time_to_first_token_seconds", ENGINE, 'quantile="0.99"'), BY_ENGINE), ENGINE_LEGEND)],
+            [
+                query(
+                    agg("max", sel("kvwatch_time_to_first_token_seconds", ENGINE, 'quantile="0.99"'), BY_ENGINE),
+                    ENGINE_LEGEND,
+                )
+            ],
             unit="s",
             legend="table",
         ),
@@ -1431,7 +1443,8 @@ def fleet() -> JSON:
             [
                 query(
                     state_code(
-                        f.bottleneck, bottleneck, BOTTLENECKS, ENGINE, "namespace, pod, model_name", skip=("unreachable",)
+                        f.bottleneck, bottleneck, BOTTLENECKS, ENGINE, "namespace, pod, model_name",
+                        skip=("unreachable",),
                     ),
                     "{{pod}} · {{model_name}}",
                 )
@@ -1597,7 +1610,9 @@ def substitute(text: str, values: dict[str, str]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Generate kvwatch's Grafana dashboards and ConfigMaps.")
-    parser.add_argument("--check", action="store_true", help="fail if the committed files differ from the generated ones")
+    parser.add_argument(
+        "--check", action="store_true", help="fail if the committed files differ from the generated ones"
+    )
     args = parser.parse_args(argv)
 
     errors = []

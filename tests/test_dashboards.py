@@ -376,7 +376,10 @@ def test_state_codes_follow_kvwatch_vocabulary_and_severity():
 
 def test_slo_variables_are_bucket_bounds_of_vllm_histograms():
     text = "\n".join(p.read_text() for p in FIXTURES.glob("*/*.prom"))
-    for var, histogram in (("ttft_slo", "vllm:time_to_first_token_seconds"), ("itl_slo", "vllm:inter_token_latency_seconds")):
+    for var, histogram in (
+        ("ttft_slo", "vllm:time_to_first_token_seconds"),
+        ("itl_slo", "vllm:inter_token_latency_seconds"),
+    ):
         bounds = set(re.findall(rf'{re.escape(histogram)}_bucket{{[^}}]*le="([^"]+)"', text))
         latency = DASHBOARDS["kvwatch-latency"]
         variable = next(v for v in latency["templating"]["list"] if v["name"] == var)
