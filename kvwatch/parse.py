@@ -63,7 +63,7 @@ class Sample:
 @dataclass(slots=True)
 class Family:
     name: str
-    type: str = "untyped"
+    type: str = "unknown"  # prometheus_client's name for untyped
     help: str = ""
     samples: list[Sample] = field(default_factory=list)
 
@@ -179,6 +179,8 @@ def parse(body: str, keep: Callable[[str], bool] | None = None) -> dict[str, Fam
             typ = parts[3].strip() if len(parts) > 3 else ""
             if typ not in _TYPES:
                 raise ParseError(lineno, f"unknown type {typ!r}")
+            if typ == "untyped":
+                typ = "unknown"
             raw = name = parts[2]
             if typ == "counter" and name.endswith("_total"):
                 name = name[:-6]
