@@ -89,8 +89,13 @@ class ManagedProcess:
         if self.proc is None:
             return None
         pgid = self.proc.pid  # start_new_session: the child leads its own group
+        # signal the leader only: vLLM's API server then shuts its engine core and workers down in order
+        # (SIGKILL, used to simulate a crash, goes to the whole group at once)
         try:
-            os.killpg(pgid, sig)
+            if sig == signal.SIGKILL:
+                os.killpg(pgid, sig)
+            else:
+                self.proc.send_signal(sig)
         except ProcessLookupError:
             pass
         try:

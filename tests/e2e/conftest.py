@@ -1,0 +1,92 @@
+"""Fixtures for the real-vLLM lane (``pytest -m e2e tests/e2e``).
+
+The vLLM venv is set up by ``setup_vllm.sh`` (idempotent; instant when already installed) unless
+``KVWATCH_E2E_PYTHON`` names its interpreter. The model is built at test time by ``make_model.py``.
+Nothing here ever skips: if vLLM cannot be installed or started, the test fails with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from .harness import ARTIFACTS, E2E_DIR, VllmServer, log
+
+
+@pytest.fixture(scope="session")
+def vllm_python() -> str:
+    py = os.environ.get("KVWATCH_E2E_PYTHON")
+    if py:
+        if not os.access(py, os.X_OK):
+            pytest.fail(f"KVWATCH_E2E_PYTHON={py} is not an executable")
+        return py
+    proc = subprocess.run(["bash", str(E2E_DIR / "setup_vllm.sh")], capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.fail(f"setup_vllm.sh failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return proc.stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture(scope="session")
+def model_dir(vllm_python: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("model") / "tiny-llama-dummy"
+    proc = subprocess.run([vllm_python, str(E2E_DIR / "make_model.py"), str(out)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.fail(f"make_model.py failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return out
+
+
+@pytest.fixture(scope="session")
+def vocab_size(model_dir: Path) -> int:
+    return json.loads((model_dir / "config.json").read_text())["vocab_size"]
+
+
+@pytest.fixture(scope="session")
+def artifacts_root() -> Path:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    return ARTIFACTS
+
+
+@pytest.fixture
+def scenario_dir(request: pytest.FixtureRequest, artifacts_root: Path) -> Path:
+    """artifacts/e2e/<test name>/ — emptied first; logs, recordings, samples and a summary go here."""
+    d = artifacts_root / request.node.name.removeprefix("test_")
+    shutil.rmtree(d, ignore_errors=True)
+    d.mkdir(parents=True)
+    return d
+
+
+def start_server(vllm_python: str, model_dir: Path, name: str, args: list[str]) -> VllmServer:
+    """Start one vLLM server (module-scoped fixtures call this); fails the test loudly if it cannot start."""
+    log_dir = ARTIFACTS / "servers"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"{name}.log"
+    log_path.unlink(missing_ok=True)
+    server = VllmServer(vllm_python, model_dir, args, log_path)
+    try:
+        server.start_and_wait()
+    except Exception as e:  # noqa: BLE001 — reported as a failure, never a skip
+        server.stop()
+        pytest.fail(f"vLLM server '{name}' could not start: {e}", pytrace=False)
+    return server
+
+
+@pytest.fixture(scope="module")
+def server_factory(vllm_python: str, model_dir: Path):
+    """Starts servers for one test module and kills their whole process groups at the module's end."""
+    started: list[VllmServer] = []
+
+    def make(name: str, args: list[str]) -> VllmServer:
+        s = start_server(vllm_python, model_dir, name, args)
+        started.append(s)
+        return s
+
+    yield make
+    for s in started:
+        log(f"stopping vLLM :{s.port}")
+        s.stop()

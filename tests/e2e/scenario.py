@@ -1,0 +1,230 @@
+"""One e2e scenario: kvwatch sidecar(s) + ``kvwatch record`` beside a running vLLM server, a bounded load, and
+the timeline of what kvwatch said next to what vLLM itself reported (both read over HTTP by the test).
+
+Artefacts written to the scenario's directory (artifacts/e2e/<scenario>/):
+  recording/<unix_time>.prom     ``kvwatch record`` of vLLM's /metrics (replayable with ``kvwatch diagnose --replay``)
+  kvwatch-<variant>.log          each sidecar's log
+  kvwatch-<variant>.jsonl        every kvwatch /metrics body the test read, with its time
+  timeline-<variant>.txt         a table: vLLM running/waiting/KV vs kvwatch's bottleneck and signals, per second
+  summary.json                   figures the assertions used
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .harness import (
+    MODEL_NAME, Kvwatch, LoadResult, Observer, Recorder, Sample, VllmServer, counts, drive_load, log,
+    summarize, vllm_gauge,
+)
+
+
+@dataclass
+class Row:
+    """What one sample says: vLLM's own gauges (ground truth) beside kvwatch's per-engine output."""
+    t: float                       # seconds since the load started (negative: before)
+    up: float | None
+    bottleneck: str | None         # per-engine kvwatch_bottleneck
+    target_bottleneck: str | None  # kvwatch_target_bottleneck
+    running: float | None          # vLLM's num_requests_running, read by the test
+    waiting: float | None
+    kv: float | None
+    kw: dict = field(default_factory=dict)  # kvwatch per-engine gauges by short name
+
+
+KW_GAUGES = {
+    "capacity": "kvwatch_kv_cache_capacity_tokens",
+    "usage": "kvwatch_kv_cache_usage_ratio",
+    "running": "kvwatch_requests_running",
+    "waiting": "kvwatch_requests_waiting",
+    "prompt_tps": "kvwatch_prompt_tokens_per_second",
+    "gen_tps": "kvwatch_generation_tokens_per_second",
+    "gap": "kvwatch_throughput_gap",
+    "preempt_ps": "kvwatch_preemptions_per_second",
+    "step_tokens": "kvwatch_engine_step_tokens",
+    "mean_seq": "kvwatch_mean_sequence_tokens",
+    "est_max_conc": "kvwatch_estimated_max_concurrency",
+    "headroom": "kvwatch_concurrency_headroom",
+    "to_full_s": "kvwatch_kv_cache_seconds_to_full",
+}
+
+#: derived series that are rates or amounts and so can never be negative
+NON_NEGATIVE = ["capacity", "usage", "running", "waiting", "prompt_tps", "gen_tps", "preempt_ps", "step_tokens",
+                "mean_seq", "est_max_conc", "to_full_s"]
+
+
+def make_rows(samples: list[Sample], target: str, t0: float) -> list[Row]:
+    eng = {"target": target, "model_name": MODEL_NAME, "engine": "0"}
+    rows = []
+    for s in samples:
+        kv, vl = s.kv, s.vllm
+        row = Row(
+            t=round(s.t - t0, 2),
+            up=kv.value("kvwatch_up", target=target) if kv else None,
+            bottleneck=kv.state("kvwatch_bottleneck", "bottleneck", **eng) if kv else None,
+            target_bottleneck=kv.state("kvwatch_target_bottleneck", "bottleneck", target=target) if kv else None,
+            running=vllm_gauge(vl, "num_requests_running") if vl else None,
+            waiting=vllm_gauge(vl, "num_requests_waiting") if vl else None,
+            kv=vllm_gauge(vl, "kv_cache_usage_perc") if vl else None,
+        )
+        if kv:
+            for short, name in KW_GAUGES.items():
+                row.kw[short] = kv.value(name, **eng)
+            for src in ("configured", "inferred"):
+                row.kw[f"max_num_seqs_{src}"] = kv.value("kvwatch_max_num_seqs", source=src, **eng)
+                row.kw[f"budget_{src}"] = kv.value("kvwatch_max_num_batched_tokens", source=src, **eng)
+            row.kw["pressure"] = kv.state("kvwatch_kv_cache_pressure", "state", **eng)
+            row.kw["recommendations"] = sorted(
+                l["action"] for l, v in kv.series("kvwatch_recommendation", **eng) if v == 1)
+        rows.append(row)
+    return rows
+
+
+def _fmt(v, w=7, nd=2) -> str:
+    if v is None:
+        return "-".rjust(w)
+    if isinstance(v, float):
+        return (f"{v:.{nd}f}" if abs(v) < 1000 else f"{v:.0f}").rjust(w)
+    return str(v).rjust(w)
+
+
+def write_timeline(rows: list[Row], path: Path) -> None:
+    cols = ["t", "up", "vRun", "vWait", "vKV", "bottleneck", "target", "pressure", "preempt/s", "prompt/s",
+            "gen/s", "gap", "step_tok", "mean_seq", "est_conc", "mns_cfg", "mns_inf", "mbt_cfg", "mbt_inf", "recs"]
+    lines = [" ".join(c.rjust(12 if c in ("bottleneck", "target", "pressure") else 9) for c in cols)]
+    for r in rows:
+        k = r.kw
+        vals = [_fmt(r.t, 9, 1), _fmt(r.up, 9, 0), _fmt(r.running, 9, 0), _fmt(r.waiting, 9, 0), _fmt(r.kv, 9, 3),
+                _fmt(r.bottleneck, 12), _fmt(r.target_bottleneck, 12), _fmt(k.get("pressure"), 12),
+                _fmt(k.get("preempt_ps"), 9), _fmt(k.get("prompt_tps"), 9, 0), _fmt(k.get("gen_tps"), 9, 0),
+                _fmt(k.get("gap"), 9, 0), _fmt(k.get("step_tokens"), 9, 1), _fmt(k.get("mean_seq"), 9, 0),
+                _fmt(k.get("est_max_conc"), 9), _fmt(k.get("max_num_seqs_configured"), 9, 0),
+                _fmt(k.get("max_num_seqs_inferred"), 9, 0), _fmt(k.get("budget_configured"), 9, 0),
+                _fmt(k.get("budget_inferred"), 9, 0), " " + ",".join(k.get("recommendations") or [])]
+        lines.append(" ".join(vals))
+    path.write_text("\n".join(lines) + "\n")
+
+
+@dataclass
+class ScenarioRun:
+    name: str
+    dir: Path
+    server: VllmServer
+    load: LoadResult
+    t_load_start: float                       # wall clock
+    rows: dict[str, list[Row]]                # per kvwatch variant
+    record_rc: int | None
+    record_files: int
+    seconds: float
+    samples: dict[str, list[Sample]] = field(default_factory=dict)  # raw, per variant
+    summary: dict = field(default_factory=dict)
+
+    def vllm_cache_config(self) -> dict[str, str]:
+        """Labels of vLLM's own ``vllm:cache_config_info`` as the test read it."""
+        return vllm_cache_config(s for ss in self.samples.values() for s in ss)
+
+    def saturated(self, variant: str, warmup: float) -> list[Row]:
+        """Rows while vLLM's queue is non-empty (by the test's own read), ``warmup`` s after the load began."""
+        return [r for r in self.rows[variant]
+                if r.waiting is not None and r.waiting > 0 and r.t >= warmup and r.up == 1]
+
+    def write_summary(self, **extra) -> None:
+        self.summary.update(extra)
+        (self.dir / "summary.json").write_text(json.dumps(self.summary, indent=1, default=str))
+
+
+def vllm_cache_config(samples) -> dict[str, str]:
+    for s in samples:
+        if s.vllm is not None:
+            found = s.vllm.series("vllm:cache_config_info")
+            if found:
+                return found[0][0]
+    raise AssertionError("vLLM exported no vllm:cache_config_info")
+
+
+def describe(rows: list[Row]) -> dict:
+    """Compact figures of a set of rows, for the summary and for assertion messages."""
+    def vals(get):
+        return [v for v in (get(r) for r in rows) if v is not None]
+    return {
+        "samples": len(rows),
+        "bottleneck": counts(r.bottleneck for r in rows),
+        "target_bottleneck": counts(r.target_bottleneck for r in rows),
+        "vllm_running": summarize(vals(lambda r: r.running)),
+        "vllm_waiting": summarize(vals(lambda r: r.waiting)),
+        "vllm_kv": summarize(vals(lambda r: r.kv)),
+        **{f"kvwatch_{k}": summarize(vals(lambda r, k=k: r.kw.get(k)))
+           for k in ("preempt_ps", "step_tokens", "est_max_conc", "mean_seq", "prompt_tps", "gen_tps",
+                     "max_num_seqs_configured", "max_num_seqs_inferred", "budget_configured", "budget_inferred")},
+        "pressure": counts(r.kw.get("pressure") for r in rows),
+    }
+
+
+async def run_scenario(
+    name: str,
+    scenario_dir: Path,
+    server: VllmServer,
+    *,
+    load: dict,
+    vocab_size: int,
+    variants: dict[str, list[str]],
+    record_seconds: float,
+    baseline: float = 3.0,
+    settle: float = 5.0,
+) -> ScenarioRun:
+    """Start one ``kvwatch run`` per variant (name → extra flags) and ``kvwatch record`` against ``server``;
+    sample for ``baseline`` s, drive ``load`` (kwargs of drive_load), keep sampling ``settle`` s and until the
+    recorder has finished its ``--duration``. Everything started here is stopped here."""
+    t_begin = time.monotonic()
+    kvwatches = {v: Kvwatch(server.metrics_url, scenario_dir / f"kvwatch-{v}.log", flags)
+                 for v, flags in variants.items()}
+    recorder = Recorder(server.metrics_url, scenario_dir / "recording", record_seconds,
+                        scenario_dir / "kvwatch-record.log")
+    observers = {v: Observer(k.url, server.metrics_url) for v, k in kvwatches.items()}
+    try:
+        for k in kvwatches.values():
+            k.start_and_wait()
+        recorder.start()
+        record_deadline = time.monotonic() + record_seconds
+        log(f"[{name}] kvwatch {', '.join(f'{v}=:{k.port}' for v, k in kvwatches.items())}; baseline {baseline}s")
+        tasks = [asyncio.create_task(o.run()) for o in observers.values()]
+        try:
+            await asyncio.sleep(baseline)
+            t_load_start = time.time()
+            log(f"[{name}] load {load}")
+            result = await drive_load(server.base_url, vocab_size=vocab_size, **load)
+            log(f"[{name}] load done: {result.as_dict()}")
+            await asyncio.sleep(settle)
+            # keep observing until the recording is complete
+            while recorder.running() and time.monotonic() < record_deadline + 15:
+                await asyncio.sleep(0.5)
+        finally:
+            for o in observers.values():
+                o.stop()
+            await asyncio.gather(*tasks)
+        record_rc = recorder.finish(extra_wait=1.0)
+    finally:
+        for k in kvwatches.values():
+            k.stop(grace=5)
+        recorder.stop(grace=5)
+
+    rows = {}
+    for v, o in observers.items():
+        o.dump(scenario_dir / f"kvwatch-{v}.jsonl")
+        rows[v] = make_rows(o.samples, server.metrics_url, t_load_start)
+        write_timeline(rows[v], scenario_dir / f"timeline-{v}.txt")
+    run = ScenarioRun(name, scenario_dir, server, result, t_load_start, rows, record_rc,
+                      len(recorder.files()), round(time.monotonic() - t_begin, 1),
+                      samples={v: o.samples for v, o in observers.items()})
+    run.summary = {
+        "scenario": name, "server_args": server.args, "server_startup_seconds": server.startup_seconds,
+        "load": load, "load_result": result.as_dict(), "scenario_seconds": run.seconds,
+        "record": {"rc": record_rc, "files": run.record_files, "duration": record_seconds},
+        "variants": {v: {"flags": variants[v], "all": describe(rows[v])} for v in variants},
+    }
+    run.write_summary()
+    return run

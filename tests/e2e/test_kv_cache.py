@@ -1,0 +1,158 @@
+"""Real vLLM, small KV cache: the memory-bound story (kv_cache), then a crash and restart under kvwatch.
+
+One server start serves both tests (same flags); the restart test restarts it on the same port.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import statistics
+import time
+
+import pytest
+
+from .harness import Kvwatch, Observer, Recorder, counts, drive_load, finite, log
+from .scenario import NON_NEGATIVE, describe, make_rows, run_scenario, write_timeline
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+
+KV_BYTES = 16 * 1024 * 1024          # 16 MiB at 4 KiB per token (bf16, see make_model.py) => 4096 tokens
+KV_TOKENS = 4096
+SERVER_ARGS = ["--max-model-len", "1024", "--kv-cache-memory-bytes", str(KV_BYTES), "--max-num-seqs", "32"]
+#: 200 requests of 250 prompt + 250 generated tokens, all at once: ~8 fit in 4096 KV tokens, ~190 wait
+LOAD = dict(num_requests=200, input_len=250, output_len=250, max_seconds=90)
+#: seconds after the burst starts before the sidecar is held to its diagnosis (half its 10 s window)
+WARMUP = 5.0
+#: share of the saturated samples that must carry the expected bottleneck
+SHARE = 0.8
+
+
+@pytest.fixture(scope="module")
+def server(server_factory):
+    return server_factory("kv_cache", SERVER_ARGS)
+
+
+async def test_kv_cache(server, scenario_dir, vocab_size):
+    run = await run_scenario("kv_cache", scenario_dir, server, load=LOAD, vocab_size=vocab_size,
+                             variants={"nohint": []}, record_seconds=40)
+    rows = run.rows["nohint"]
+    sat = run.saturated("nohint", WARMUP)
+    info = describe(sat)
+    run.write_summary(saturated=info)
+    log(f"[kv_cache] saturated: {info}")
+
+    assert run.load.failed == 0, run.load.errors
+    assert run.record_rc == 0 and run.record_files >= 20, (run.record_rc, run.record_files)
+    # the scenario itself: vLLM really queued (ground truth, read from vLLM by the test)
+    assert len(sat) >= 10, f"too few saturated samples: {info}"
+
+    # capacity == vLLM's kv_cache_size_tokens (== 16 MiB / 4 KiB)
+    vllm_tokens = float(run.vllm_cache_config()["kv_cache_size_tokens"])
+    assert vllm_tokens == KV_TOKENS
+    caps = {r.kw.get("capacity") for r in rows if r.up == 1}
+    assert caps == {vllm_tokens}, f"kvwatch_kv_cache_capacity_tokens {caps} != vLLM's {vllm_tokens}"
+
+    # the diagnosis while requests wait: kv_cache, never the wrong limit
+    bn = counts(r.bottleneck for r in sat)
+    assert bn.get("kv_cache", 0) >= SHARE * len(sat), f"bottleneck while waiting: {bn}"
+    assert not {"max_num_seqs", "token_budget"} & set(bn), f"wrong limit named while waiting: {bn}"
+
+    # preemptions are seen
+    pre = [r.kw.get("preempt_ps") for r in sat]
+    assert all(p is not None and p > 0 for p in pre), f"kvwatch_preemptions_per_second while waiting: {pre}"
+
+    # estimated max concurrency ~ the Running that vLLM really sustained while requests waited
+    observed = statistics.mean(r.running for r in sat)
+    est = [r.kw["est_max_conc"] for r in sat if r.kw.get("est_max_conc") is not None]
+    assert est, "kvwatch_estimated_max_concurrency never exported while waiting"
+    estimate = statistics.median(est)
+    run.write_summary(observed_mean_running=observed, estimated_max_concurrency_median=estimate)
+    assert abs(estimate - observed) <= 0.30 * observed, (estimate, observed)
+
+
+# --------------------------------------------------------------------------------------------- restart
+
+GAP_MIN = 12.0            # the server stays down at least this long (> kvwatch's 10 s window) before restart
+KILL_AFTER = 8.0          # seconds into the first load when vLLM is killed (SIGKILL to its process group)
+
+
+async def test_restart(server, scenario_dir, vocab_size):
+    """Kill vLLM under load and restart it on the same port, kvwatch running throughout."""
+    kw = Kvwatch(server.metrics_url, scenario_dir / "kvwatch-nohint.log")
+    kw.start_and_wait()
+    recorder = Recorder(server.metrics_url, scenario_dir / "recording", 150, scenario_dir / "kvwatch-record.log")
+    obs = Observer(kw.url, server.metrics_url)
+    marks: dict[str, float] = {}
+    t_begin = time.monotonic()
+    try:
+        recorder.start()
+        task = asyncio.create_task(obs.run())
+        try:
+            await asyncio.sleep(3)
+            marks["load1"] = time.time()
+            load1 = asyncio.create_task(drive_load(server.base_url, vocab_size=vocab_size, num_requests=80,
+                                                   input_len=250, output_len=250, max_seconds=40, seed=1))
+            await asyncio.sleep(KILL_AFTER)
+            log("[restart] killing vLLM (SIGKILL to its process group)")
+            marks["kill"] = time.time()
+            server.stop(grace=10, sig=signal.SIGKILL)
+            res1 = await load1
+            log(f"[restart] first load: {res1.as_dict()}")
+            await asyncio.sleep(max(0.0, marks["kill"] + GAP_MIN - time.time()))
+            marks["restart"] = time.time()
+            await asyncio.to_thread(server.start_and_wait)
+            marks["healthy"] = time.time()
+            await asyncio.sleep(3)
+            marks["load2"] = time.time()
+            res2 = await drive_load(server.base_url, vocab_size=vocab_size, num_requests=120, input_len=250,
+                                    output_len=250, max_seconds=60, seed=2)
+            marks["load2_end"] = time.time()
+            log(f"[restart] second load: {res2.as_dict()}")
+            await asyncio.sleep(5)
+        finally:
+            obs.stop()
+            await task
+        record_rc = recorder.finish(extra_wait=1.0) if not recorder.running() else recorder.stop(grace=5)
+    finally:
+        kw.stop(grace=5)
+        recorder.stop(grace=5)
+
+    obs.dump(scenario_dir / "kvwatch-nohint.jsonl")
+    rows = make_rows(obs.samples, server.metrics_url, marks["kill"])
+    write_timeline(rows, scenario_dir / "timeline-nohint.txt")
+    rel = {k: round(v - marks["kill"], 1) for k, v in marks.items()}
+    down = [r for r in rows if 3.0 <= r.t <= rel["healthy"]]
+    # README: unreachable = no successful scrape in the (10 s) window
+    unreachable_zone = [r for r in rows if 10.0 + 3.0 <= r.t < rel["healthy"]]
+    stale_zone = [r for r in rows if 5.0 + 3.0 <= r.t <= rel["healthy"]]
+    after = [r for r in rows if r.t >= rel["healthy"] + 3.0]
+    sat2 = [r for r in rows if r.t >= rel["load2"] + WARMUP and r.waiting and r.waiting > 0 and r.up == 1]
+    negatives = [(r.t, k, r.kw[k]) for r in rows for k in NON_NEGATIVE
+                 if r.kw.get(k) is not None and (not finite(r.kw[k]) or r.kw[k] < 0)]
+    summary = {
+        "marks_relative_to_kill": rel, "server_startup_seconds": server.startup_seconds,
+        "load1": res1.as_dict(), "load2": res2.as_dict(), "scenario_seconds": round(time.monotonic() - t_begin, 1),
+        "record": {"rc": record_rc, "files": len(recorder.files())},
+        "down": {"samples": len(down), "up": counts(r.up for r in down),
+                 "target_bottleneck": counts(r.target_bottleneck for r in down),
+                 "bottleneck": counts(r.bottleneck for r in down)},
+        "after_restart": describe(after), "saturated_after_restart": describe(sat2),
+        "negatives": negatives[:20],
+    }
+    (scenario_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    log(f"[restart] {summary}")
+
+    assert len(down) >= 10, f"too few samples while vLLM was down: {len(down)}"
+    assert all(r.up == 0 for r in down), f"kvwatch_up while down: {counts(r.up for r in down)}"
+    assert unreachable_zone and all(r.target_bottleneck == "unreachable" for r in unreachable_zone), \
+        f"kvwatch_target_bottleneck while down: {counts(r.target_bottleneck for r in unreachable_zone)}"
+    assert all(r.kw.get("usage") is None for r in stale_zone), "derived series not withdrawn while down"
+    assert not negatives, f"negative or non-finite derived values: {negatives[:10]}"
+    # diagnosis resumes: up again, per-engine series back, and the same server under the same load is kv_cache again
+    assert after and all(r.up == 1 for r in after), f"kvwatch_up after restart: {counts(r.up for r in after)}"
+    assert all(r.bottleneck is not None and r.target_bottleneck not in (None, "unreachable") for r in after)
+    assert len(sat2) >= 5, f"too few saturated samples after restart: {describe(sat2)}"
+    bn = counts(r.bottleneck for r in sat2)
+    assert bn.get("kv_cache", 0) >= SHARE * len(sat2), f"bottleneck while waiting after restart: {bn}"
