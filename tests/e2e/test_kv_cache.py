@@ -144,6 +144,10 @@ async def test_restart(server, scenario_dir, vocab_size):
     (scenario_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     log(f"[restart] {summary}")
 
+    # the recording goes on through the outage: snapshots from before the kill and after the restart
+    stamps = [int(f.stem) for f in recorder.files()]
+    assert any(t < marks["kill"] for t in stamps) and any(t > marks["healthy"] for t in stamps), \
+        f"kvwatch record: {len(stamps)} files, kill at {marks['kill']:.0f}, healthy at {marks['healthy']:.0f}"
     assert len(down) >= 10, f"too few samples while vLLM was down: {len(down)}"
     assert all(r.up == 0 for r in down), f"kvwatch_up while down: {counts(r.up for r in down)}"
     assert unreachable_zone and all(r.target_bottleneck == "unreachable" for r in unreachable_zone), \
