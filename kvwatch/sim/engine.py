@@ -146,7 +146,7 @@ class EngineStats:
 class Engine:
     """One data-parallel engine.  Driven by :class:`kvwatch.sim.simulator.Simulator`."""
 
-    def __init__(self, index: int, cfg: EngineConfig, rng, created: float, on_finish=None):
+    def __init__(self, index: int, cfg: EngineConfig, rng, created: float, on_finish=None, on_lora=None):
         self.index = index
         self.cfg = cfg
         self.rng = rng
@@ -166,6 +166,7 @@ class Engine:
         self.prev_end = -1.0
         self.next_t = INF
         self.on_finish = on_finish  # callback(engine, request, t, reason)
+        self.on_lora = on_lora  # callback(engine, t) after each step of a LoRA-enabled engine
         self.lora_counts: dict[str, int] = {}
         self._deferred = 0
 
@@ -447,6 +448,8 @@ class Engine:
         self.prev_end = now
         stats.steps += 1
         self._publish()
+        if self.cfg.max_loras and self.on_lora is not None:
+            self.on_lora(self, now)
         self.next_t = now if (self.has_work and not self.stalled) else INF
 
     def _register_prefix(self, req: Request) -> None:
@@ -489,7 +492,6 @@ class Engine:
         s.waiting = len(self.waiting)
         s.waiting_deferred = self._deferred
         s.kv_usage = 1.0 - self.free / self.usable
-        if self.lora_counts or s.running_loras:
-            s.running_loras = tuple(sorted(self.lora_counts))
         if self.cfg.max_loras:
+            s.running_loras = tuple(sorted(self.lora_counts))
             s.waiting_loras = tuple(sorted({r.lora for r in self.waiting if r.lora is not None}))

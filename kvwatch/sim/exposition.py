@@ -415,7 +415,7 @@ def render(sim, version: str = "0.32", process_start: float | None = None) -> st
     if any(e.cfg.max_loras for e in engines):
         max_lora = str(max(e.cfg.max_loras for e in engines))
         rows = [({"max_lora": max_lora, "running_lora_adapters": r, "waiting_lora_adapters": w}, t, 0.0)
-                for (r, w), t in sim.lora_snapshot().items()]
+                for (r, w), t in sim.lora_info.items()]
         out.simple("vllm:lora_requests_info", H["lora_requests_info"], "gauge", rows)
     out.simple("vllm:cache_config_info", H["cache_config_info"], "gauge",
                [(cache_config_labels(e.cfg, e.index, version), 1.0, 0.0) for e in engines])

@@ -449,6 +449,8 @@ def parse_scenario(doc: Any, default_name: str = "custom") -> Scenario:
                 abort_waiting=rp.get("abort_waiting", False),
             )
         )
+    if any(p.workload.lora_fraction > 0 for p in phases) and any(p.engine.max_loras < 1 for p in phases):
+        raise ScenarioError("engine.max_loras: must stay >= 1 in every phase when any phase sends LoRA requests")
     if loop and phases[-1].duration_s is None:
         raise ScenarioError("loop: every phase needs a duration_s when the scenario loops")
     return Scenario(name=name, description=desc, engines=engines, engine=engine, phases=tuple(phases), loop=loop)

@@ -52,7 +52,7 @@ class Simulator:
         self.now = 0.0
         self.engines = [
             Engine(i, scenario.phases[0].engine, random.Random(f"kvwatch-sim/{seed}/engine/{i}"),
-                   self.wall_start, on_finish=self._on_finish)
+                   self.wall_start, on_finish=self._on_finish, on_lora=self._on_lora)
             for i in range(scenario.engines)
         ]
         self.http = HttpStats(self.wall_start)
@@ -102,8 +102,6 @@ class Simulator:
             self.now = t
             if eng is not None:
                 eng.on_event(t)
-                if eng.in_flight is None and eng.next_t == INF and eng.has_work and not eng.stalled:
-                    eng.next_t = t  # pragma: no cover - defensive, _step_end sets it
             elif kind == 0:
                 self._next_phase(t)
             else:
@@ -226,20 +224,9 @@ class Simulator:
         d = t - req.arrival
         h.h_highr.observe(d)
         h.h_duration.observe(d)
-        # vLLM refreshes lora_requests_info on every iteration with outputs; per finished request
-        # is frequent enough for a 1 s scrape and keeps the hot path free of string building.
-        if engine.cfg.max_loras:
-            self._touch_lora(engine, t)
 
-    def _touch_lora(self, engine: Engine, t: float) -> None:
+    def _on_lora(self, engine: Engine, t: float) -> None:
+        # vLLM sets lora_requests_info{max_lora, running_lora_adapters, waiting_lora_adapters} to the
+        # current time on every iteration; prometheus_client keeps every label pair ever set.
         s = engine.stats
-        key = (",".join(s.running_loras), ",".join(s.waiting_loras))
-        self.lora_info[key] = self.wall_start + t
-
-    def lora_snapshot(self) -> dict[tuple[str, str], float]:
-        """lora_requests_info series: one per (running, waiting) label pair ever set, like prometheus_client."""
-        if any(e.cfg.max_loras for e in self.engines):
-            for e in self.engines:
-                if e.stats.steps:
-                    self._touch_lora(e, min(self.now, e.prev_end if e.prev_end >= 0 else self.now))
-        return dict(self.lora_info)
+        self.lora_info[(",".join(s.running_loras), ",".join(s.waiting_loras))] = self.wall_start + t

@@ -1,0 +1,165 @@
+"""Issue 3's key test: every preset, served over HTTP by the simulator and watched by a real
+``kvwatch run`` process, is diagnosed as the bottleneck it is named after within a few simulated
+seconds of the state starting.
+
+One ``kvwatch run`` process watches all presets at once (several ``--target``), polling each
+simulator every second; the test reads ``/api/v1/diagnosis`` every second.  The single-state
+presets run in real time; the tour runs at ``--speed 2`` (one cycle is 155 simulated seconds).
+The observed timeline is printed (``pytest -s``) so a misdiagnosis shows its data.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+import httpx
+import pytest
+
+from kvwatch.sim import SimServer
+
+# (preset, speed, {phase: expected bottleneck}, allowed lag in simulated seconds)
+CASES = {
+    "idle": (1.0, {"idle": "idle"}, 6.0),
+    "healthy": (1.0, {"healthy": "none"}, 6.0),
+    "kv_cache": (1.0, {"kv_cache": "kv_cache"}, 6.0),
+    "max_num_seqs": (1.0, {"max_num_seqs": "max_num_seqs"}, 6.0),
+    "token_budget": (1.0, {"token_budget": "token_budget"}, 6.0),
+    # kvwatch calls a target stalled after max(5 s, 3 intervals) without token progress
+    "stalled": (1.0, {"serving": "none", "stalled": "stalled"}, 10.0),
+    # at --speed 2 kvwatch's 10 s (wall) window spans 20 simulated seconds of the previous phase
+    "tour": (2.0, {"healthy": "none", "kv_cache": "kv_cache", "recovery": "none",
+                   "max_num_seqs": "max_num_seqs", "token_budget": "token_budget"}, 16.0),
+}
+SINGLE_STATE_SECONDS = 24.0  # wall; stalled needs 10 s of serving first
+TOUR_SECONDS = 82.0  # wall: one full cycle at speed 2, plus the start of the next
+
+
+@dataclass
+class Poll:
+    sim_time: float
+    phase: str
+    phase_start: float
+    bottleneck: str
+    running: float | None = None
+    waiting: float | None = None
+    kv: float | None = None
+    preempt: float | None = None
+    step_tokens: float | None = None
+
+
+@dataclass
+class Observation:
+    polls: dict[str, list[Poll]] = field(default_factory=dict)
+    log: str = ""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def _observe(tmp_path) -> Observation:
+    obs = Observation(polls={p: [] for p in CASES})
+    sims: dict[str, SimServer] = {}
+    proc = None
+    log_path = tmp_path / "kvwatch.log"
+    try:
+        for preset, (speed, _, _) in CASES.items():
+            sims[preset] = await SimServer(preset, host="127.0.0.1", port=0, seed=11, speed=speed).start()
+        port = _free_port()
+        args = [sys.executable, "-m", "kvwatch", "run", "--listen", f"127.0.0.1:{port}", "--interval", "1",
+                "--log-level", "warning"]
+        for s in sims.values():
+            args += ["--target", s.url]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KVWATCH_")}
+        with open(log_path, "wb") as logf:
+            proc = subprocess.Popen(args, stdout=logf, stderr=subprocess.STDOUT, env=env)
+        base = f"http://127.0.0.1:{port}"
+        async with httpx.AsyncClient(timeout=3.0) as client:
+            deadline = time.monotonic() + 30
+            while True:
+                assert proc.poll() is None, f"kvwatch run exited: {log_path.read_text()[-2000:]}"
+                try:
+                    if (await client.get(base + "/readyz")).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                assert time.monotonic() < deadline, "kvwatch run never became ready"
+                await asyncio.sleep(0.2)
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < TOUR_SECONDS:
+                await asyncio.sleep(1.0)
+                elapsed = time.monotonic() - t0
+                doc = (await client.get(base + "/api/v1/diagnosis")).json()
+                by_target = {t["target"]: t for t in doc.get("targets", [doc])}
+                for preset, sim in sims.items():
+                    if preset != "tour" and elapsed > SINGLE_STATE_SECONDS:
+                        continue
+                    t = by_target.get(sim.url)
+                    if t is None:
+                        continue
+                    st = sim.simulator
+                    sim.catch_up()
+                    eng = (t.get("engines") or [{}])[0]
+                    sig = eng.get("signals") or {}
+                    obs.polls[preset].append(Poll(
+                        st.now, st.phase_name, st.phase_start, t["bottleneck"], sig.get("requests_running"),
+                        sig.get("requests_waiting"), sig.get("kv_cache_usage_ratio"),
+                        sig.get("preemptions_per_second"), sig.get("engine_step_tokens")))
+    finally:
+        if proc is not None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for s in sims.values():
+            await s.stop()
+        obs.log = log_path.read_text(errors="replace") if log_path.exists() else ""
+    return obs
+
+
+@pytest.fixture(scope="module")
+def observation(tmp_path_factory) -> Observation:
+    obs = asyncio.run(_observe(tmp_path_factory.mktemp("diag")))
+    print("\nkvwatch's diagnosis of each preset (simulated time, phase, bottleneck, running, waiting, KV, "
+          "preemptions/s, tokens/step):")
+    for preset, polls in obs.polls.items():
+        print(f"== {preset}")
+        for p in polls:
+            f = lambda v, fmt: "-" if v is None else format(v, fmt)  # noqa: E731
+            print(f"  t={p.sim_time:6.1f} {p.phase:13s} {p.bottleneck:13s} run={f(p.running, '.0f'):>3s} "
+                  f"wait={f(p.waiting, '.0f'):>3s} kv={f(p.kv, '.2f')} pre/s={f(p.preempt, '.1f')} "
+                  f"tok/step={f(p.step_tokens, '.0f')}")
+    return obs
+
+
+@pytest.mark.parametrize("preset", list(CASES))
+def test_preset_is_diagnosed_as_named(observation, preset):
+    speed, expected, lag = CASES[preset]
+    polls = observation.polls[preset]
+    assert polls, f"no diagnosis for {preset}; kvwatch log:\n{observation.log[-3000:]}"
+    seen_phases = {p.phase for p in polls}
+    assert set(expected) <= seen_phases, f"{preset}: phases seen {seen_phases}"
+    for phase, want in expected.items():
+        in_phase = [p for p in polls if p.phase == phase]
+        starts = sorted({p.phase_start for p in in_phase})
+        for start in starts:  # the tour may show a phase twice; check each visit that lasted long enough
+            visit = [p for p in in_phase if p.phase_start == start]
+            if visit[-1].sim_time - start < lag + 2 * speed:
+                continue  # the run ended during this visit
+            first = next((p for p in visit if p.bottleneck == want), None)
+            trace = [(round(p.sim_time - start, 1), p.bottleneck) for p in visit]
+            assert first is not None, f"{preset}/{phase}: never diagnosed {want}: {trace}"
+            assert first.sim_time - start <= lag, f"{preset}/{phase}: {want} only after {first.sim_time - start:.1f} s: {trace}"
+            settled = [p for p in visit if p.sim_time - start > lag]
+            wrong = [p for p in settled if p.bottleneck != want]
+            assert len(wrong) <= max(1, len(settled) // 10), f"{preset}/{phase}: {trace}"
