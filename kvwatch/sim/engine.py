@@ -25,6 +25,14 @@ The model follows ``vllm/v1/core/sched/scheduler.py`` (FCFS policy) step by step
 * **Outputs** — a scheduled request whose computed tokens reach its known tokens samples one
   token at the end of the step.  Stats are published at the end of every step, like vLLM's
   ``SchedulerStats``/``IterationStats``: a stalled engine publishes nothing, so its gauges freeze.
+  The prompt counts (``prompt_tokens``, ``iteration_tokens_total``) include a request's prompt once,
+  at its first token — recomputation after a preemption is work, not prompt tokens, as in vLLM.
+
+Left out (simplifications): a preempted request's own blocks are not kept for reuse (only shared
+prefixes are cached); shared prefixes are cached when the prompt completes rather than block by
+block; preemptions are counted when they happen (vLLM counts them with the request's next output);
+no priority scheduling, speculative decoding, KV offloading/connectors or async scheduling; the step
+time is linear in the batch (see :class:`kvwatch.sim.scenario.StepTime`).
 """
 
 from __future__ import annotations

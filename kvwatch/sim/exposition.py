@@ -39,7 +39,6 @@ import os
 import platform
 import time
 
-from ._hist import Hist
 
 __all__ = ["METRICS_VERSIONS", "float_to_go", "render"]
 
