@@ -6,6 +6,5 @@
 - ``tests.support.replay``: ``SnapshotServer`` serves recorded vLLM ``/metrics`` captures in real time, looping,
   counters kept monotonic.
 
-See each module's docstring for the API. ``tests/`` has no ``__init__.py``, so pytest (default "prepend"
-import mode) puts ``tests/`` on ``sys.path``: import as ``from support.prometheus import Prometheus``.
+See each module's docstring for the API. Import as ``from tests.support.prometheus import Prometheus``.
 """
