@@ -67,13 +67,17 @@ class Monitor:
         self._tasks: list[asyncio.Task] = []
         self.scrapes = 0  # completed scrape attempts, all targets (tests and the demo wait on it)
 
-    async def start(self) -> None:
+    def open(self) -> None:
+        """Ready to scrape (``scrape_once``) without starting the loops."""
         s = self.settings
         self.fetcher = Fetcher(
             FetchConfig(s.scrape_timeout, s.max_body_bytes, s.bearer_token_file, s.tls_verify),
             user_agent=f"kvwatch/{__version__}",
         )
-        for t in s.target:
+
+    async def start(self) -> None:
+        self.open()
+        for t in self.settings.target:
             self._tasks.append(asyncio.create_task(self._loop(t), name=f"scrape {t}"))
 
     async def stop(self) -> None:

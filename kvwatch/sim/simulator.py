@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import random
 import time
+from collections import deque
 
 from ._hist import HTTP_BUCKETS, HTTP_HIGHR_BUCKETS, Hist
 from .engine import Engine, Request
@@ -66,7 +67,7 @@ class Simulator:
         self.phase_end = 0.0
         self.cycle = 0
         self.next_arrival = INF
-        self.phase_log: list[tuple[float, str]] = []
+        self.phase_log: deque[tuple[float, str]] = deque(maxlen=1000)  # (start, name), latest last
         self._enter_phase(0, 0.0)
 
     # ------------------------------------------------------------------ public

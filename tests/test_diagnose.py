@@ -1,0 +1,141 @@
+"""Every real capture is diagnosed as its scenario says, with and without hints; advice follows the config."""
+
+import dataclasses
+
+import pytest
+
+from kvwatch.diagnose import ACTIONS, BOTTLENECKS, Hints, diagnose_engine
+from kvwatch.normalize import CacheConfig
+from kvwatch.state import TargetState
+from kvwatch.window import Signals
+from tests.upstream import FIXTURES, captures
+
+# Server flags from tests/fixtures/README.md.
+HINTS = {
+    "kv_cache": Hints(max_num_seqs=16, max_model_len=1024),
+    "max_num_seqs": Hints(max_num_seqs=2, max_model_len=1024),
+    "token_budget": Hints(max_num_seqs=64, max_num_batched_tokens=256, max_model_len=2048),
+    "none_prefix_cache": Hints(max_num_seqs=32, max_model_len=1024),
+}
+
+
+def replay(scenario, hints=Hints()):
+    state = TargetState("fixture", hints=hints)
+    files = sorted((FIXTURES / scenario).glob("*.prom"), key=lambda p: float(p.name[:-5]))
+    out = []
+    for f in files:
+        t = float(f.name[:-5])
+        state.observe_body(t, f.read_text())
+        out.append(state.diagnose(t))
+    return out
+
+
+@pytest.mark.parametrize("with_hints", [False, True], ids=["no-hints", "hints"])
+@pytest.mark.parametrize("scenario", sorted(HINTS))
+def test_each_capture_is_diagnosed_as_its_folder_says(scenario, with_hints):
+    timeline = replay(scenario, HINTS[scenario] if with_hints else Hints())
+    expected_while_waiting = "none" if scenario == "none_prefix_cache" else scenario
+    waiting_moments = 0
+    for d in timeline:
+        (e,) = d.engines
+        assert d.bottleneck == e.bottleneck
+        if e.signals.requests_waiting:
+            waiting_moments += 1
+            assert e.bottleneck == expected_while_waiting, (d.timestamp, e.evidence)
+        else:
+            assert e.bottleneck in ("none", "idle"), (d.timestamp, e.evidence)
+    assert timeline[0].bottleneck == "idle" and timeline[-1].bottleneck == "idle"
+    if scenario != "none_prefix_cache":
+        assert waiting_moments >= 8
+
+
+def test_kv_cache_evidence_and_advice_follow_the_config():
+    d = next(d for d in replay("kv_cache") if d.engines[0].signals.preemptions_per_second)
+    e = d.engines[0]
+    text = " ".join(e.evidence)
+    assert "preemptions/s" in text and "KV cache" in text
+    actions = [r.action for r in e.recommendations]
+    assert actions == sorted(actions, key=ACTIONS.index)  # cheapest first
+    assert "fp8_kv_cache" in actions  # cache_dtype auto
+    assert "enable_prefix_caching" not in actions  # it is on
+    assert "reduce_max_model_len" not in actions  # 500-token sequences vs 1024 is not "far shorter"
+    assert "raise_gpu_memory_utilization" in actions  # pinned by --kv-cache-memory-bytes
+    assert "lower_max_num_seqs" in actions  # preempting
+    assert set(actions) <= set(ACTIONS)
+
+
+def test_max_num_seqs_is_inferred_without_hint_and_reported_as_such():
+    d = [d for d in replay("max_num_seqs") if d.bottleneck == "max_num_seqs"][3]
+    e = d.engines[0]
+    assert e.max_num_seqs == (2, "inferred")
+    assert "inferred" in " ".join(e.evidence)
+    assert [r.action for r in e.recommendations][0] == "raise_max_num_seqs"
+    d = [d for d in replay("max_num_seqs", HINTS["max_num_seqs"]) if d.bottleneck == "max_num_seqs"][0]
+    assert d.engines[0].max_num_seqs == (2, "configured")
+
+
+def test_token_budget_infers_the_budget():
+    e = [d for d in replay("token_budget") if d.bottleneck == "token_budget"][3].engines[0]
+    assert e.max_num_batched_tokens == (256, "inferred")
+    assert [r.action for r in e.recommendations][0] == "raise_max_num_batched_tokens"
+
+
+def _sig(**kw):
+    base = dict(
+        model_name="m", engine="0", t=0.0, samples=10, span_seconds=9.0, requests_running=5.0, requests_waiting=50.0,
+        kv_cache_usage_ratio=0.97, kv_usage_recent_max=0.97, running_mean=5.0, running_recent_max=6.0,
+        preemptions_per_second=2.0, capacity_tokens=100000, mean_prompt_tokens=300.0, mean_sequence_tokens=600.0,
+        estimated_max_concurrency=166.0,
+    )
+    base.update(kw)
+    return Signals(**base)
+
+
+@pytest.mark.parametrize(
+    "cache, hints, seq_tokens, present, absent",
+    [
+        (CacheConfig(cache_dtype="fp8_e4m3"), Hints(), 600.0, [], ["fp8_kv_cache"]),
+        (CacheConfig(cache_dtype="auto", enable_prefix_caching=True), Hints(), 600.0, ["fp8_kv_cache"], ["enable_prefix_caching"]),
+        (CacheConfig(cache_dtype="auto", enable_prefix_caching=False), Hints(), 600.0, ["enable_prefix_caching"], []),
+        (CacheConfig(), Hints(max_model_len=32768), 600.0, ["reduce_max_model_len"], []),
+        (CacheConfig(), Hints(max_model_len=1024), 600.0, [], ["reduce_max_model_len"]),
+        (CacheConfig(gpu_memory_utilization=0.95), Hints(), 600.0, [], ["raise_gpu_memory_utilization"]),
+        (CacheConfig(gpu_memory_utilization=0.85), Hints(), 600.0, ["raise_gpu_memory_utilization"], []),
+    ],
+)
+def test_kv_recommendations_only_when_config_supports_them(cache, hints, seq_tokens, present, absent):
+    d = diagnose_engine(_sig(cache=cache, mean_sequence_tokens=seq_tokens), hints)
+    assert d.bottleneck == "kv_cache"
+    actions = {r.action for r in d.recommendations}
+    assert set(present) <= actions and not set(absent) & actions, actions
+
+
+def test_stalled_beats_everything_and_idle_is_idle():
+    d = diagnose_engine(_sig(stalled_seconds=12.0))
+    assert d.bottleneck == "stalled" and [r.action for r in d.recommendations] == ["restart_engine"]
+    idle = diagnose_engine(_sig(requests_running=0.0, requests_waiting=0.0, running_recent_max=0.0, preemptions_per_second=0.0))
+    assert idle.bottleneck == "idle" and not idle.recommendations
+
+
+def test_deferred_waiting_is_not_a_capacity_bottleneck():
+    d = diagnose_engine(_sig(requests_waiting_deferred=50.0, kv_usage_recent_max=0.2, preemptions_per_second=0.0))
+    assert d.bottleneck == "none"
+
+
+def test_vocabulary_is_the_documented_one():
+    readme = (FIXTURES.parents[2] / "README.md").read_text()
+    for b in BOTTLENECKS:
+        assert f"`{b}`" in readme
+    for a in ACTIONS:
+        assert f"`{a}`" in readme
+    assert {f.name for f in dataclasses.fields(Signals)} >= {"kv_cache_usage_ratio", "requests_running", "requests_waiting"}
+
+
+def test_json_document_shape():
+    doc = replay("kv_cache")[20].as_dict()
+    assert set(doc) >= {"timestamp", "target", "bottleneck", "engines"}
+    e = doc["engines"][0]
+    assert set(e) >= {"model_name", "engine", "bottleneck", "evidence", "recommendations", "signals"}
+    assert all(set(r) == {"action", "why"} for r in e["recommendations"])
+    assert {"kv_cache_usage_ratio", "requests_running", "requests_waiting"} <= set(e["signals"])
+    assert captures("kv_cache")  # the capture set is what the README says it is

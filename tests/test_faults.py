@@ -1,0 +1,222 @@
+"""A down, slow, broken or hostile upstream never crashes kvwatch: it reports kvwatch_up 0 and recovers.
+
+The upstream is a real HTTP server on loopback (tests/upstream.py) serving real vLLM captures, with
+faults injected on demand; kvwatch's Monitor scrapes it exactly as in production.
+"""
+
+import asyncio
+import time
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from kvwatch.app import Monitor
+from kvwatch.config import load_settings
+from kvwatch.export import KvwatchCollector
+from tests.upstream import _BOMB as bomb
+from tests.upstream import Upstream, captures
+
+
+class Clock:
+    def __init__(self, t=1000.0):
+        self.t = t
+
+    def __call__(self):
+        return self.t
+
+
+def render(monitor) -> dict:
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(KvwatchCollector(lambda: monitor.statuses.values()))
+    out = {}
+    for fam in text_string_to_metric_families(generate_latest(reg).decode()):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k != "target")))] = s.value
+    return out
+
+
+def value(metrics, name, **labels):
+    return metrics.get((name, tuple(sorted(labels.items()))))
+
+
+@pytest.fixture
+async def upstream():
+    async with Upstream() as up:
+        up.serve_dir("kv_cache")
+        up.index = 12  # mid-run: KV-bound
+        yield up
+
+
+@pytest.fixture
+async def monitor(upstream):
+    settings = load_settings(target=[upstream.url], interval=1.0, timeout=0.5, stale_after=5.0)
+    clock = Clock()
+    m = Monitor(settings, clock=clock)
+    m.open()
+    yield m, clock
+    await m.stop()
+
+
+async def good_scrapes(m, clock, n):
+    for _ in range(n):
+        clock.t += 1
+        await m.scrape_once(m.settings.target[0])
+
+
+ENGINE = {"engine": "0", "model_name": "tiny-llama-dummy"}
+
+FAULTS = [
+    ("status", "http_status"),
+    ("slow", "timeout"),
+    ("drip", "timeout"),
+    ("truncate", "parse"),
+    ("garbage", "decode"),
+    ("html", "parse"),
+    ("metadata_only", "no_vllm_metrics"),
+    ("bomb", "too_large"),
+    ("huge", "too_large"),
+]
+
+
+@pytest.mark.parametrize("mode, reason", FAULTS, ids=[f[0] for f in FAULTS])
+async def test_fault_sets_up_0_counts_reason_and_recovers(monitor, upstream, mode, reason):
+    m, clock = monitor
+    if mode == "huge":
+        m.fetcher.cfg = type(m.fetcher.cfg)(0.5, 1_000_000)  # a 20 MB body against a 1 MB cap
+    if mode == "bomb":
+        bomb()  # build it before the clock starts: compressing 256 MiB is the server's cost, not ours
+        m.fetcher.cfg = type(m.fetcher.cfg)(5.0, 16 << 20)  # this case is about the cap, not the deadline
+    await good_scrapes(m, clock, 3)
+    metrics = render(m)
+    assert value(metrics, "kvwatch_up") == 1.0
+    assert value(metrics, "kvwatch_bottleneck", bottleneck="kv_cache", **ENGINE) == 1.0
+
+    upstream.mode = mode
+    started = time.monotonic()
+    await good_scrapes(m, clock, 1)
+    assert time.monotonic() - started < 3.0  # bounded by the deadline, never hangs
+    metrics = render(m)
+    assert value(metrics, "kvwatch_up") == 0.0
+    assert value(metrics, "kvwatch_scrape_errors_total", reason=reason) == 1.0
+    # Still fresh (one bad scrape is within stale-after): the last good values remain, correctly labelled.
+    assert value(metrics, "kvwatch_requests_waiting", **ENGINE) is not None
+
+    upstream.mode = "ok"
+    await good_scrapes(m, clock, 1)
+    metrics = render(m)
+    assert value(metrics, "kvwatch_up") == 1.0
+    assert value(metrics, "kvwatch_bottleneck", bottleneck="kv_cache", **ENGINE) == 1.0
+
+
+async def test_down_then_stale_series_are_withdrawn_then_recover(monitor, upstream):
+    m, clock = monitor
+    await good_scrapes(m, clock, 4)
+    await upstream.stop()  # connection refused from now on
+    for i in range(8):
+        await good_scrapes(m, clock, 1)
+        metrics = render(m)
+        assert value(metrics, "kvwatch_up") == 0.0
+    assert value(metrics, "kvwatch_scrape_errors_total", reason="connect") == 8.0
+    # 8 s without a good scrape > stale-after 5 s: no derived series, and the target says unreachable.
+    assert not [k for k in metrics if k[0] == "kvwatch_kv_cache_usage_ratio"]
+    assert not [k for k in metrics if k[0] == "kvwatch_bottleneck"]
+    assert value(metrics, "kvwatch_target_bottleneck", bottleneck="unreachable") == 1.0
+    assert m.diagnosis_json()["bottleneck"] == "unreachable"
+
+    await upstream.start()
+    await good_scrapes(m, clock, 1)
+    metrics = render(m)
+    assert value(metrics, "kvwatch_up") == 1.0
+    assert value(metrics, "kvwatch_requests_waiting", **ENGINE) is not None
+
+
+async def test_counter_reset_on_vllm_restart_gives_no_negative_rate(monitor, upstream):
+    m, clock = monitor
+    bodies = captures("kv_cache")
+    upstream.serve(*bodies[14:20], *bodies[9:14], loop=False)  # counters jump back: a restart
+    for _ in range(11):
+        await good_scrapes(m, clock, 1)
+        metrics = render(m)
+        for name in ("kvwatch_prompt_tokens_per_second", "kvwatch_generation_tokens_per_second", "kvwatch_preemptions_per_second"):
+            v = value(metrics, name, **ENGINE)
+            assert v is None or v >= 0, (name, v)
+    assert m.states[upstream.url].engines[("tiny-llama-dummy", "0")].resets >= 1
+
+
+async def test_renamed_or_missing_metric_exports_what_is_still_valid(monitor, upstream):
+    m, clock = monitor
+    body = captures("kv_cache")[15]
+    upstream.serve(body.replace("vllm:kv_cache_usage_perc", "vllm:kv_cache_usage_renamed"))
+    await good_scrapes(m, clock, 3)
+    metrics = render(m)
+    assert value(metrics, "kvwatch_up") == 1.0
+    assert value(metrics, "kvwatch_requests_waiting", **ENGINE) == 66.0  # capture 15 of kv_cache
+    assert value(metrics, "kvwatch_kv_cache_usage_ratio", **ENGINE) is None  # unknown, not invented
+    assert sum(v for k, v in metrics.items() if k[0] == "kvwatch_bottleneck") == 1.0
+
+
+async def test_gzip_is_accepted(monitor, upstream):
+    m, clock = monitor
+    upstream.mode = "gzip"
+    await good_scrapes(m, clock, 2)
+    assert value(render(m), "kvwatch_up") == 1.0
+
+
+async def test_100k_series_are_skipped_cheaply_and_do_not_block_the_loop(monitor, upstream):
+    m, clock = monitor
+    junk = "# HELP junk_series x\n# TYPE junk_series gauge\n" + "".join(
+        f'junk_series{{id="{i}",pod="p{i % 97}"}} {i}\n' for i in range(100_000)
+    )
+    body = junk + captures("kv_cache")[15]
+    upstream.serve(body)
+    ticks = 0
+
+    async def ticker():
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    task = asyncio.create_task(ticker())
+    m.fetcher.cfg = type(m.fetcher.cfg)(5.0, 16 << 20)  # generous deadline: this test is about the loop
+    t0 = time.monotonic()
+    await good_scrapes(m, clock, 2)
+    elapsed = time.monotonic() - t0
+    task.cancel()
+    assert value(render(m), "kvwatch_up") == 1.0
+    # The event loop kept running during two ~5 MB scrapes (the parse runs off-loop).
+    assert ticks >= 3, (ticks, elapsed)
+
+
+async def test_bearer_token_is_sent_from_file_and_never_logged(upstream, tmp_path, caplog):
+    token = tmp_path / "token"
+    token.write_text("s3cret-token\n")
+    settings = load_settings(target=[upstream.url], interval=1.0, bearer_token_file=token)
+    m = Monitor(settings, clock=Clock())
+    m.open()
+    try:
+        await m.scrape_once(upstream.url)
+        upstream.mode = "status"
+        await m.scrape_once(upstream.url)
+    finally:
+        await m.stop()
+    assert upstream.auth_headers[0] == "Bearer s3cret-token"
+    assert "s3cret" not in caplog.text and "s3cret" not in str(m.diagnosis_json())
+
+
+async def test_the_scrape_loop_keeps_schedule_through_faults(upstream):
+    settings = load_settings(target=[upstream.url], interval=0.2, timeout=0.1)
+    m = Monitor(settings)
+    await m.start()
+    try:
+        await asyncio.sleep(0.5)
+        upstream.mode = "slow"
+        await asyncio.sleep(0.6)
+        assert m.statuses[upstream.url].up is False
+        upstream.mode = "ok"
+        await asyncio.sleep(0.6)
+        assert m.statuses[upstream.url].up is True
+    finally:
+        await m.stop()
+    assert m.scrapes <= 10  # ~1.7 s at 0.2 s: missed ticks are skipped, never bunched after the slow ones
