@@ -22,7 +22,7 @@ from kvwatch.diagnose import SEVERITY
 from kvwatch.parse import ParseError
 from kvwatch.state import NoVllmMetrics, TargetDiagnosis, TargetState
 
-SUBCOMMANDS = ("run", "diagnose", "record", "sim", "demo")
+SUBCOMMANDS = ("run", "diagnose", "record", "sim", "demo", "logs")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -79,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("sim", help="the built-in vLLM simulator (kvwatch sim --help)", add_help=False)
     sub.add_parser("demo", help="simulator + sidecar + live view (kvwatch demo --help)", add_help=False)
+    sub.add_parser("logs", help="diagnose from vLLM's own log (kvwatch logs --help)", add_help=False)
     return parser
 
 
@@ -279,6 +280,10 @@ def main(argv: list[str] | None = None) -> int:
         from kvwatch.demo import main as demo_main
 
         return demo_main(argv[1:])
+    if argv and argv[0] == "logs":
+        from kvwatch.logs import main as logs_main
+
+        return logs_main(argv[1:])
     if not argv or (argv[0] not in SUBCOMMANDS and argv[0] not in ("-h", "--help", "--version")):
         argv.insert(0, "run")
     args = build_parser().parse_args(argv)
