@@ -124,7 +124,10 @@ class SnapshotServer:
                 self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
-                self.wfile.write(body)
+                try:
+                    self.wfile.write(body)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the scraper gave up (timeout, shutdown)
 
             def log_message(self, *args: object) -> None:
                 pass

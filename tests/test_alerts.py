@@ -1,0 +1,309 @@
+"""alerts/ checked with the real tools (promtool, amtool) and against the contract in README.md.
+
+promtool / amtool missing is a failure, not a skip: CI installs them with .ci/install-tools.sh.
+The end-to-end path (real Prometheus + Alertmanager + kvwatch) is tests/test_alerts_pipeline.py.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from tests.support.prometheus import BinaryMissing, find_binary
+
+REPO = Path(__file__).resolve().parents[1]
+ALERTS = REPO / "alerts"
+RULE_FILES = [ALERTS / "kvwatch-rules.yaml", ALERTS / "kvwatch-alerts.yaml"]
+AM_CONFIG = ALERTS / "alertmanager.yml"
+RUNBOOKS = ALERTS / "runbooks.md"
+SCHEMA = REPO / "tests" / "fixtures" / "schemas" / "monitoring.coreos.com_prometheusrules.yaml"
+
+BOTTLENECKS = {"idle", "none", "kv_cache", "max_num_seqs", "token_budget", "stalled", "unreachable"}
+ACTIONS = ["fp8_kv_cache", "enable_prefix_caching", "reduce_max_model_len", "raise_gpu_memory_utilization",
+           "raise_max_num_seqs", "lower_max_num_seqs", "raise_max_num_batched_tokens", "add_replica", "restart_engine"]
+REQUIRED_ALERTS = {
+    "KvwatchKVCacheAdmissionStall", "KvwatchKVCachePreempting", "KvwatchThroughputGapSustained",
+    "KvwatchMaxNumSeqsBinding", "KvwatchTokenBudgetBinding", "KvwatchEngineStalled",
+    "KvwatchKVCacheSaturationForecast", "KvwatchVLLMUnreachable", "KvwatchDown", "KvwatchAbsent",
+    "KvwatchTTFTBudgetBurn", "Watchdog",
+}
+
+
+def tool(name: str) -> str:
+    try:
+        return find_binary(name)
+    except BinaryMissing as exc:
+        pytest.fail(str(exc))
+
+
+def run(*cmd: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=300)
+
+
+def alert_rules() -> list[dict]:
+    doc = yaml.safe_load((ALERTS / "kvwatch-alerts.yaml").read_text())
+    return [r for g in doc["groups"] for r in g["rules"] if "alert" in r]
+
+
+def recording_rules() -> list[dict]:
+    doc = yaml.safe_load((ALERTS / "kvwatch-rules.yaml").read_text())
+    return [r for g in doc["groups"] for r in g["rules"] if "record" in r]
+
+
+# -- promtool ------------------------------------------------------------------------------------------------
+
+
+def test_promtool_check_rules():
+    proc = run(tool("promtool"), "check", "rules", *map(str, RULE_FILES))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "SUCCESS: 15 rules found" in proc.stdout, proc.stdout
+
+
+@pytest.mark.parametrize("test_file", ["kvwatch-alerts.test.yaml", "kvwatch-rules.test.yaml"])
+def test_promtool_unit_tests(test_file):
+    proc = run(tool("promtool"), "test", "rules", test_file, cwd=ALERTS / "tests")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "SUCCESS" in proc.stdout
+
+
+def test_every_alert_is_unit_tested_firing_and_not_firing():
+    tests = yaml.safe_load((ALERTS / "tests" / "kvwatch-alerts.test.yaml").read_text())["tests"]
+    firing, quiet = set(), set()
+    for t in tests:
+        for case in t.get("alert_rule_test", []):
+            (firing if case["exp_alerts"] else quiet).add(case["alertname"])
+            for exp in case["exp_alerts"]:
+                severity = exp["exp_labels"]["severity"]
+                firing.add((case["alertname"], severity))
+    names = {r["alert"] for r in alert_rules()}
+    tiers = {(r["alert"], r["labels"]["severity"]) for r in alert_rules()}
+    assert names - firing == set(), "never tested firing"
+    assert tiers - firing == set(), "a severity tier never tested firing"
+    assert (names - {"Watchdog"}) - quiet == set(), "never tested not firing"
+
+
+def test_unit_test_inputs_are_real_kvwatch_series():
+    """Every kvwatch_* series in the promtool inputs is a metric kvwatch really exports (captured output)."""
+    captured = set()
+    for f in (ALERTS / "tests" / "kvwatch-output").glob("*.prom"):
+        captured |= {line.split("{")[0].split(" ")[0] for line in f.read_text().splitlines()
+                     if line.startswith("kvwatch_")}
+    tests = yaml.safe_load((ALERTS / "tests" / "kvwatch-alerts.test.yaml").read_text())["tests"]
+    used = {s["series"].split("{")[0] for t in tests for s in t["input_series"] if s["series"].startswith("kvwatch_")}
+    assert used and used <= captured, used - captured
+
+
+# -- the rules against the contract --------------------------------------------------------------------------
+
+
+def test_alerts_follow_the_mixin_conventions():
+    for rule in alert_rules():
+        name = rule["alert"]
+        assert name == "Watchdog" or re.fullmatch(r"Kvwatch[A-Z][A-Za-z0-9]+", name), name
+        assert rule["labels"]["severity"] in {"critical", "warning", "info"}, name
+        ann = rule["annotations"]
+        assert {"summary", "description", "runbook_url"} <= set(ann), name
+        assert "{{" not in ann["summary"], f"{name}: summary must be static"
+        if name != "Watchdog":
+            assert "for" in rule, f"{name} has no for:"
+    assert REQUIRED_ALERTS <= {r["alert"] for r in alert_rules()}
+    severities = {(r["alert"], r["labels"]["severity"]) for r in alert_rules()}
+    assert ("KvwatchKVCachePreempting", "critical") in severities
+    assert ("KvwatchEngineStalled", "critical") in severities
+
+
+def test_engine_alerts_carry_the_diagnosis():
+    """Engine-level alerts name the bottleneck and the top recommendation in description, from kvwatch's series."""
+    for rule in alert_rules():
+        ann = rule["annotations"]
+        if "$labels.engine" not in ann["description"]:
+            continue
+        assert "Bottleneck:" in ann["description"] and "Top recommendation:" in ann["description"], rule["alert"]
+        assert "kvwatch_recommendation" in ann["recommendations"]
+        assert "kvwatch_bottleneck" in ann["bottleneck"]
+
+
+def test_rules_only_use_exported_metrics():
+    readme = (REPO / "README.md").read_text()
+    exported = {m.removesuffix("_total") for m in re.findall(r"`(kvwatch_[a-z_]+)", readme)}
+    used = set()
+    for f in RULE_FILES:  # kvwatch's own series, not recording rules named level:kvwatch_...:op
+        used |= set(re.findall(r"(?<![:\w])(kvwatch_[a-z_]+)", f.read_text()))
+    used = {m.removesuffix("_total") for m in used}
+    assert used <= exported, used - exported
+    # bottleneck / action label values are the README's vocabulary
+    text = "".join(f.read_text() for f in RULE_FILES)
+    assert set(re.findall(r'bottleneck="([a-z_]+)"', text)) <= BOTTLENECKS
+    assert set(re.findall(r'"action", "([a-z0-9_]+)"', text)) == set(ACTIONS)
+
+
+def test_recommendation_cost_order_matches_readme():
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("Recommendation actions:", 1)[1].split("\n\n", 1)[0]
+    assert re.findall(r"`([a-z_0-9]+)`", section) == ACTIONS
+    rank = next(r for r in recording_rules() if r["record"] == "kvwatch:recommendation_action:cost_rank")
+    assert re.findall(r'vector\((\d+)\), "action", "([a-z0-9_]+)"', rank["expr"]) == [
+        (str(i + 1), a) for i, a in enumerate(ACTIONS)
+    ]
+
+
+def test_recording_rules_are_named_level_metric_operations():
+    for rule in recording_rules():
+        assert re.fullmatch(r"[a-z_]+:[a-z0-9_]+:[a-z0-9_]+", rule["record"]), rule["record"]
+    raw = "".join(str(r["expr"]) for r in recording_rules())
+    for metric in ("vllm:kv_cache_usage_perc", "vllm:num_requests_waiting", "vllm:prompt_tokens_by_source_total",
+                   "vllm:generation_tokens_total", "vllm:num_preemptions_total", "vllm:cache_config_info",
+                   "vllm:request_prompt_tokens_sum", "vllm:request_generation_tokens_count",
+                   "vllm:iteration_tokens_total_sum"):
+        assert metric in raw, metric
+
+
+def test_recording_rules_use_real_vllm_names():
+    """Every vllm:* name in the rules appears in the real vLLM 0.32 capture (or is a documented fallback)."""
+    capture = (REPO / "tests" / "fixtures" / "vllm-0.32.0-cpu" / "kv_cache" / "1796120550.719.prom").read_text()
+    names = set(re.findall(r"^(vllm:[a-z_:]+)", capture, re.M))
+    used = set(re.findall(r"(vllm:[a-z_]+)", "".join(str(r["expr"]) for r in recording_rules())))
+    assert used <= names, used - names
+
+
+# -- runbooks --------------------------------------------------------------------------------------------------
+
+
+def _anchor(heading: str) -> str:
+    return re.sub(r"[^a-z0-9 _-]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_every_runbook_url_has_its_section():
+    text = RUNBOOKS.read_text()
+    anchors = {_anchor(h) for h in re.findall(r"^#{2,3} (.+)$", text, re.M)}
+    for rule in alert_rules():
+        url = rule["annotations"]["runbook_url"]
+        assert url.startswith("https://") and "/alerts/runbooks.md#" in url, url
+        assert url.split("#", 1)[1] in anchors, f"{rule['alert']}: no section for {url}"
+    for name in {r["alert"] for r in alert_rules()}:
+        assert f"## {name}" in text
+
+
+def test_runbooks_order_fixes_by_cost_with_trade_offs():
+    text = RUNBOOKS.read_text()
+    fixes = text.split("## Fixes, cheapest first", 1)[1]
+    positions = [fixes.find(f"### {a}\n") for a in ACTIONS]
+    assert all(p >= 0 for p in positions), dict(zip(ACTIONS, positions))
+    assert positions == sorted(positions), "fixes must be listed in cost order"
+    assert fixes.lower().count("trade-off") >= len(ACTIONS)
+
+
+# -- Alertmanager ----------------------------------------------------------------------------------------------
+
+
+def test_amtool_check_config():
+    proc = run(tool("amtool"), "check-config", str(AM_CONFIG))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "SUCCESS" in proc.stdout and "1 templates" in proc.stdout, proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("labels", "receiver"),
+    [
+        (["alertname=KvwatchKVCachePreempting", "severity=critical"], "pagerduty-and-slack"),
+        (["alertname=KvwatchEngineStalled", "severity=critical"], "pagerduty-and-slack"),
+        (["alertname=KvwatchKVCacheAdmissionStall", "severity=warning"], "slack"),
+        (["alertname=KvwatchScrapeErrors", "severity=info"], "blackhole"),
+        (["alertname=Watchdog", "severity=info"], "heartbeat"),
+        (["alertname=SomethingElse"], "slack"),
+    ],
+)
+def test_amtool_routes(labels, receiver):
+    proc = run(tool("amtool"), "config", "routes", "test", f"--config.file={AM_CONFIG}",
+               "namespace=llm", "pod=vllm-0", "model_name=m", *labels)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.strip() == receiver, (labels, proc.stdout)
+
+
+def test_alertmanager_secrets_come_only_from_files():
+    cfg = yaml.safe_load(AM_CONFIG.read_text())
+    assert cfg["global"]["slack_api_url_file"].startswith("/etc/alertmanager/secrets/")
+    assert "slack_api_url" not in cfg["global"]
+    for rcv in cfg["receivers"]:
+        for pd in rcv.get("pagerduty_configs", []):
+            assert "routing_key" not in pd and "service_key" not in pd and pd["routing_key_file"]
+            assert pd["send_resolved"] is True
+        for sl in rcv.get("slack_configs", []):
+            assert "api_url" not in sl and sl["send_resolved"] is True
+        for hook in rcv.get("webhook_configs", []):
+            assert hook["http_config"]["authorization"]["credentials_file"]
+    assert cfg["route"]["group_by"] == ["cluster", "namespace", "pod", "model_name"]
+
+
+_MATCHER = re.compile(r'(\w+)\s*(=~|!~|!=|=)\s*"?(.*?)"?$')
+
+
+def _matches(matcher: str, labels: dict[str, str]) -> bool:
+    key, op, value = _MATCHER.match(matcher).groups()
+    have = labels.get(key, "")
+    return {"=": have == value, "!=": have != value,
+            "=~": bool(re.fullmatch(value, have)), "!~": not re.fullmatch(value, have)}[op]
+
+
+def test_inhibitions_never_silence_the_watchdog_and_name_real_alerts():
+    cfg = yaml.safe_load(AM_CONFIG.read_text())
+    names = {r["alert"] for r in alert_rules()}
+    watchdog = {"alertname": "Watchdog", "severity": "info"}
+    for rule in cfg["inhibit_rules"]:
+        for m in rule["source_matchers"] + rule["target_matchers"]:
+            key, op, value = _MATCHER.match(m).groups()
+            if key == "alertname" and op == "=":
+                assert value in names, value
+            if key == "alertname" and op == "=~":
+                assert any(re.fullmatch(value, n) for n in names), value
+        assert not all(_matches(m, watchdog) for m in rule["target_matchers"]), f"{rule} could silence the Watchdog"
+    # and the intended ones do inhibit
+    stall_warning = {"alertname": "KvwatchKVCacheAdmissionStall", "severity": "warning"}
+    preempting = {"alertname": "KvwatchKVCachePreempting", "severity": "critical"}
+    assert any(all(_matches(m, preempting) for m in r["source_matchers"])
+               and all(_matches(m, stall_warning) for m in r["target_matchers"]) for r in cfg["inhibit_rules"])
+    down = {"alertname": "KvwatchDown", "severity": "warning"}
+    assert any(all(_matches(m, down) for m in r["source_matchers"])
+               and all(_matches(m, preempting) for m in r["target_matchers"]) for r in cfg["inhibit_rules"])
+
+
+# -- the generated PrometheusRule -----------------------------------------------------------------------------
+
+
+def test_prometheusrule_is_generated_from_the_rule_files():
+    proc = run(sys.executable, str(ALERTS / "generate.py"), "--check")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    generated = yaml.safe_load((ALERTS / "prometheusrule.yaml").read_text())
+    source_groups = []
+    for f in RULE_FILES:
+        source_groups += yaml.safe_load(f.read_text())["groups"]
+    assert generated["spec"]["groups"] == source_groups
+
+
+def test_generate_check_detects_drift(tmp_path, monkeypatch):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("alerts_generate", ALERTS / "generate.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    stale = tmp_path / "prometheusrule.yaml"
+    stale.write_text(gen.render().replace("for: 5m", "for: 6m", 1))
+    monkeypatch.setattr(gen, "OUTPUT", stale)
+    assert gen.main(["--check"]) == 1
+    gen.main([])
+    assert gen.main(["--check"]) == 0
+
+
+def test_prometheusrule_validates_against_the_crd():
+    crd = yaml.safe_load(SCHEMA.read_text())
+    version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1")
+    schema = version["schema"]["openAPIV3Schema"]
+    doc = yaml.safe_load((ALERTS / "prometheusrule.yaml").read_text())
+    jsonschema.Draft7Validator(schema).validate(doc)
+    assert doc["kind"] == "PrometheusRule" and doc["apiVersion"] == "monitoring.coreos.com/v1"
