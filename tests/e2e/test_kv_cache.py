@@ -145,7 +145,7 @@ async def test_restart(server, scenario_dir, vocab_size):
     log(f"[restart] {summary}")
 
     # the recording goes on through the outage: snapshots from before the kill and after the restart
-    stamps = [int(f.stem) for f in recorder.files()]
+    stamps = [float(f.stem) for f in recorder.files()]  # <unix_time>.prom
     assert any(t < marks["kill"] for t in stamps) and any(t > marks["healthy"] for t in stamps), \
         f"kvwatch record: {len(stamps)} files, kill at {marks['kill']:.0f}, healthy at {marks['healthy']:.0f}"
     assert len(down) >= 10, f"too few samples while vLLM was down: {len(down)}"
