@@ -90,3 +90,52 @@ def server_factory(vllm_python: str, model_dir: Path):
     for s in started:
         log(f"stopping vLLM :{s.port}")
         s.stop()
+
+
+def _rng(d: dict, nd: int = 2) -> str:
+    if not d or not d.get("n"):
+        return "-"
+    return f"{round(d['min'], nd):g}–{round(d['max'], nd):g} (mean {round(d['mean'], nd):g})"
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """Figures of every e2e scenario that ran (also in artifacts/e2e/<scenario>/summary.json)."""
+    from .scenario import SUMMARIES
+
+    if not SUMMARIES:
+        return
+    w = terminalreporter
+    w.section("kvwatch against real vLLM: figures")
+    for name, s in SUMMARIES.items():
+        w.write_line(f"{name}: vLLM {' '.join(s.get('server_args', []))}; server start-up "
+                     f"{', '.join(f'{x:.0f} s' for x in s.get('server_startup_seconds', []))}; scenario "
+                     f"{s.get('scenario_seconds', '?')} s")
+        if "load_result" in s:
+            lr = s["load_result"]
+            w.write_line(f"  load: {s['load']} -> ok {lr['ok']}, failed {lr['failed']}, cancelled {lr['cancelled']} "
+                         f"in {lr['seconds']} s; recording: {s['record']['files']} files (rc {s['record']['rc']})")
+        sat = s.get("saturated") or {}
+        if "samples" in sat:
+            sat = {"nohint": sat}
+        for v, d in sat.items():
+            w.write_line(f"  while waiting [{v}]: {d['samples']} samples, bottleneck {d['bottleneck']}, "
+                         f"vLLM running {_rng(d['vllm_running'])}, waiting {_rng(d['vllm_waiting'], 0)}, "
+                         f"KV {_rng(d['vllm_kv'])}; kvwatch preemptions/s {_rng(d['kvwatch_preempt_ps'])}, "
+                         f"step tokens {_rng(d['kvwatch_step_tokens'], 1)}, "
+                         f"est. max concurrency {_rng(d['kvwatch_est_max_conc'])}, "
+                         f"max_num_seqs cfg/inf {_rng(d['kvwatch_max_num_seqs_configured'], 0)} / "
+                         f"{_rng(d['kvwatch_max_num_seqs_inferred'], 0)}, budget cfg/inf "
+                         f"{_rng(d['kvwatch_budget_configured'], 0)} / {_rng(d['kvwatch_budget_inferred'], 0)}")
+        if "up_rows" in s:
+            d = s["up_rows"]
+            w.write_line(f"  all samples: bottleneck {d['bottleneck']}, vLLM running {_rng(d['vllm_running'])}, "
+                         f"waiting {_rng(d['vllm_waiting'], 0)}")
+        for k in ("observed_mean_running", "estimated_max_concurrency_median", "vllm_mean_step_tokens"):
+            if k in s:
+                w.write_line(f"  {k}: {s[k]:.2f}")
+        if "marks_relative_to_kill" in s:
+            w.write_line(f"  marks (s from kill): {s['marks_relative_to_kill']}; while down: {s['down']}; "
+                         f"recording {s['record']}")
+            d = s["saturated_after_restart"]
+            w.write_line(f"  after restart, while waiting: bottleneck {d['bottleneck']}, "
+                         f"vLLM running {_rng(d['vllm_running'])}; negative values: {len(s['negatives'])}")

@@ -36,6 +36,15 @@ class Row:
     kw: dict = field(default_factory=dict)  # kvwatch per-engine gauges by short name
 
 
+#: every scenario's summary written in this session (scenario name -> summary), for the terminal report
+SUMMARIES: dict[str, dict] = {}
+
+
+def save_summary(scenario_dir: Path, summary: dict) -> None:
+    SUMMARIES[summary.get("scenario", scenario_dir.name)] = summary
+    (scenario_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+
+
 KW_GAUGES = {
     "capacity": "kvwatch_kv_cache_capacity_tokens",
     "usage": "kvwatch_kv_cache_usage_ratio",
@@ -134,7 +143,7 @@ class ScenarioRun:
 
     def write_summary(self, **extra) -> None:
         self.summary.update(extra)
-        (self.dir / "summary.json").write_text(json.dumps(self.summary, indent=1, default=str))
+        save_summary(self.dir, self.summary)
 
 
 def vllm_cache_config(samples) -> dict[str, str]:

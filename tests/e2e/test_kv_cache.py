@@ -14,7 +14,7 @@ import time
 import pytest
 
 from .harness import Kvwatch, Observer, Recorder, counts, drive_load, finite, log
-from .scenario import NON_NEGATIVE, describe, make_rows, run_scenario, write_timeline
+from .scenario import NON_NEGATIVE, describe, make_rows, run_scenario, save_summary, write_timeline
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -132,6 +132,7 @@ async def test_restart(server, scenario_dir, vocab_size):
     negatives = [(r.t, k, r.kw[k]) for r in rows for k in NON_NEGATIVE
                  if r.kw.get(k) is not None and (not finite(r.kw[k]) or r.kw[k] < 0)]
     summary = {
+        "scenario": "restart", "server_args": server.args,
         "marks_relative_to_kill": rel, "server_startup_seconds": server.startup_seconds,
         "load1": res1.as_dict(), "load2": res2.as_dict(), "scenario_seconds": round(time.monotonic() - t_begin, 1),
         "record": {"rc": record_rc, "files": len(recorder.files())},
@@ -141,8 +142,8 @@ async def test_restart(server, scenario_dir, vocab_size):
         "after_restart": describe(after), "saturated_after_restart": describe(sat2),
         "negatives": negatives[:20],
     }
-    (scenario_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
-    log(f"[restart] {summary}")
+    save_summary(scenario_dir, summary)
+    log(f"[restart] {json.dumps(summary, default=str)}")
 
     # the recording goes on through the outage: snapshots from before the kill and after the restart
     stamps = [float(f.stem) for f in recorder.files()]  # <unix_time>.prom
