@@ -391,11 +391,11 @@ def test_speed_one_simulated_second_with_256_running_requests():
     """Report what one simulated second of the kv_cache preset costs with ~256 requests running.
 
     Not a timed assertion (the figure is printed; run with -s to see it): the KV cache is scaled so
-    that ~256 requests of the kv_cache workload fit, and the preset's load is scaled to keep it full.
+    that ~256 requests of the capture's 250-in/250-out load fit, and the load is scaled to keep it full.
     """
     sc = load_scenario("kv_cache", overrides={
-        "engine": {"num_gpu_blocks": 3000, "max_num_seqs": 512},
-        "workload": {"burst": 300, "rate": 40.0, "max_outstanding": 600}})
+        "engine": {"num_gpu_blocks": 3300, "max_num_seqs": 512},
+        "workload": {"burst": 300, "rate": 40.0, "max_outstanding": 600, "prompt_tokens": 250, "output_tokens": 250}})
     sim = Simulator(sc, seed=1)
     sim.advance_to(5.0)
     costs, running = [], []
@@ -406,7 +406,7 @@ def test_speed_one_simulated_second_with_256_running_requests():
         costs.append(time.perf_counter() - t0)
         render(sim)
     mean_running = statistics.mean(running)
-    print(f"\nkv_cache x48 KV: mean running {mean_running:.0f} (max {max(running)}), "
+    print(f"\nkv_cache with 3300 KV blocks: mean running {mean_running:.0f} (max {max(running)}), "
           f"{sim.engines[0].stats.preemptions} preemptions; one simulated second costs "
           f"mean {1000 * statistics.mean(costs):.1f} ms, max {1000 * max(costs):.1f} ms of CPU")
     assert 200 <= mean_running <= 330
