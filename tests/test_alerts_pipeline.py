@@ -10,7 +10,7 @@ What the test copy changes, and nothing else:
   becomes 5 s for critical alerts and 15 s for warning / info ones - a warning then always fires after the critical
   of the same engine, so the test can see it inhibited from its first moment;
 - alertmanager.yml: secrets files and receiver URLs point at the test's files and local receivers, the template
-  path is absolute, group_wait / group_interval are 1 s / 2 s;
+  path is absolute, group_wait / group_interval are 1 s / 2 s, the heartbeat repeats every 4 s;
 - Prometheus scrapes and evaluates every second.
 """
 
@@ -92,6 +92,8 @@ def alertmanager_test_config(tmp_path: Path, slack: WebhookReceiver, pagerduty: 
     for route in cfg["route"]["routes"]:
         route.pop("group_wait", None)
         route.pop("group_interval", None)
+        if route["receiver"] == "heartbeat":
+            route["repeat_interval"] = "4s"
     for receiver in cfg["receivers"]:
         for pd in receiver.get("pagerduty_configs", []):
             assert pd["routing_key_file"].startswith("/etc/alertmanager/secrets/")
