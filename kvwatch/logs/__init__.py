@@ -1,0 +1,261 @@
+"""``kvwatch logs FILE|- [--json] [--follow]``: the diagnosis from vLLM's own log.
+
+vLLM prints a stats line per engine every ~10 s. This command finds every complete one in a file, on
+standard input (``kubectl logs -f POD | kvwatch logs -``) or in a growing file (``--follow``), turns each
+into the core's ``Signals`` and diagnosis (``kvwatch.logs.analyze``), and prints either a report (a
+timeline of states, the dominant bottleneck, recommendations with evidence) or, with ``--json``, one
+JSON object per stats record as soon as it is read.
+
+Pipeline: bytes -> ``lines.Unframer`` (collector framing, ANSI, progress bars) -> ``records.Assembler``
+(stats records wherever they sit, wrapped or glued; start-up lines) -> ``analyze.LogAnalyzer`` -> output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import BinaryIO
+
+from kvwatch.diagnose import Hints
+from kvwatch.logs.analyze import LogAnalyzer, RecordResult
+from kvwatch.logs.lines import Unframer
+from kvwatch.logs.records import Assembler, Event, StatsRecord
+from kvwatch.logs.report import render_report, render_row
+
+__all__ = ["LogSession", "main"]
+
+MAX_LINE = 1 << 20  # a longer physical line is read in pieces (no stats record is that long)
+IDLE_FLUSH = 0.5  # seconds without input before a held record is given out (stdin, --follow)
+POLL = 0.2  # --follow: seconds between looks at the file
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2
+        sys.stderr.write(f"kvwatch logs: error: {message} (see kvwatch logs --help)\n")
+        raise SystemExit(2)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return v
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="kvwatch logs",
+        description="Diagnose a vLLM server from its own log: the periodic stats lines "
+        "('Avg prompt throughput: ...') and the start-up lines that give its KV capacity and limits.",
+        epilog="examples:\n  kvwatch logs server.log\n  kubectl logs -f POD | kvwatch logs -\n"
+        "  kvwatch logs --follow /var/log/vllm.log --json\n\n"
+        "exit status: 0 when at least one stats record was read, 1 when none, 2 on bad usage.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("file", metavar="FILE|-", help="vLLM's log file, or - for standard input")
+    p.add_argument("--json", action="store_true", help="one JSON object per stats record, as it is read")
+    p.add_argument("--follow", action="store_true", help="keep reading FILE as it grows (until interrupted)")
+    p.add_argument("--max-num-seqs", type=_positive_int, metavar="N", help="vLLM's --max-num-seqs (else from the log)")
+    p.add_argument("--max-num-batched-tokens", type=_positive_int, metavar="N",
+                   help="vLLM's --max-num-batched-tokens (else from the log)")
+    p.add_argument("--max-model-len", type=_positive_int, metavar="N", help="vLLM's --max-model-len (else from the log)")
+    return p
+
+
+class LogSession:
+    """One pass over one log: physical lines in, diagnosed records out (to ``on_record``)."""
+
+    def __init__(self, hints: Hints = Hints(), on_record: Callable[[RecordResult], None] | None = None):
+        self.unframer = Unframer()
+        self.assembler = Assembler()
+        self.analyzer = LogAnalyzer(hints)
+        self.on_record = on_record
+        self.lines = 0
+
+    def _handle(self, items) -> None:
+        for it in items:
+            if isinstance(it, Event):
+                self.analyzer.event(it)
+            elif isinstance(it, StatsRecord):
+                res = self.analyzer.record(it)
+                if self.on_record is not None:
+                    self.on_record(res)
+
+    def feed(self, raw: str, line: int) -> None:
+        self.lines = max(self.lines, line)
+        for lg in self.unframer.feed(raw, line):
+            self._handle(self.assembler.feed(lg))
+
+    def idle(self) -> None:
+        """No input for a while: give out what is held (a record waiting to see if the next line continues it)."""
+        if self.assembler.holding:
+            self._handle(self.assembler.flush())
+
+    def finish(self) -> None:
+        for lg in self.unframer.flush():
+            self._handle(self.assembler.feed(lg))
+        self._handle(self.assembler.flush())
+
+    @property
+    def results(self) -> list[RecordResult]:
+        return self.analyzer.results
+
+
+def _decode(chunk: bytes) -> str:
+    text = chunk.decode("utf-8", errors="replace")
+    return text[:-1] if text.endswith("\n") else text
+
+
+def _read_lines(f: BinaryIO, start: int = 0) -> Iterator[tuple[str, int]]:
+    n = start
+    while True:
+        chunk = f.readline(MAX_LINE)
+        if not chunk:
+            return
+        n += 1
+        yield _decode(chunk), n
+
+
+def _stdin_lines(session: LogSession, stream: BinaryIO) -> None:
+    """Standard input as it arrives (a pipe from ``kubectl logs -f``): records are given out within ~0.5 s."""
+    q: queue.Queue = queue.Queue(maxsize=10000)
+
+    def reader():
+        try:
+            for chunk in iter(lambda: stream.readline(MAX_LINE), b""):
+                q.put(chunk)
+        finally:
+            q.put(None)
+
+    threading.Thread(target=reader, name="kvwatch-logs-stdin", daemon=True).start()
+    n = 0
+    while True:
+        try:
+            chunk = q.get(timeout=IDLE_FLUSH)
+        except queue.Empty:
+            session.idle()
+            continue
+        if chunk is None:
+            return
+        n += 1
+        session.feed(_decode(chunk), n)
+
+
+def _follow(session: LogSession, path: str) -> None:
+    """Read ``path`` to its end, then keep reading what is appended; a truncated or replaced file is
+    read again from its start (log rotation, a restarted server writing a new file)."""
+    f = open(path, "rb")
+    ino = os.fstat(f.fileno()).st_ino
+    n = 0
+    partial = b""
+    idle_since = None
+    try:
+        while True:
+            chunk = f.readline(MAX_LINE)
+            if chunk:
+                partial += chunk
+                if partial.endswith(b"\n") or len(partial) >= MAX_LINE:
+                    n += 1
+                    session.feed(_decode(partial), n)
+                    partial = b""
+                idle_since = None
+                continue
+            now = time.monotonic()
+            if idle_since is None:
+                idle_since = now
+            elif now - idle_since >= IDLE_FLUSH:
+                session.idle()
+            time.sleep(POLL)
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue  # rotated away; the new file is not there yet
+            if st.st_ino != ino or st.st_size < f.tell():
+                f.close()
+                f = open(path, "rb")
+                ino = os.fstat(f.fileno()).st_ino
+                n, partial = 0, b""
+    finally:
+        if partial:
+            n += 1
+            session.feed(_decode(partial), n)
+        f.close()
+
+
+class _Stop(Exception):
+    pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    hints = Hints(args.max_num_seqs, args.max_num_batched_tokens, args.max_model_len)
+    name = "<stdin>" if args.file == "-" else args.file
+    streaming = args.file == "-" or args.follow
+
+    if args.file != "-":
+        try:
+            with open(args.file, "rb"):
+                pass
+        except OSError as e:
+            sys.stderr.write(f"kvwatch logs: error: cannot read {args.file}: {e.strerror or e}\n")
+            return 2
+        if os.path.isdir(args.file):
+            sys.stderr.write(f"kvwatch logs: error: cannot read {args.file}: is a directory\n")
+            return 2
+
+    def on_record(res: RecordResult) -> None:
+        if args.json:
+            print(json.dumps(res.as_dict()), flush=True)
+        elif streaming:
+            print(render_row(res), flush=True)
+
+    session = LogSession(hints, on_record)
+    previous = None
+    if streaming:
+        def stop(signum, frame):
+            raise _Stop()
+
+        try:
+            previous = signal.signal(signal.SIGTERM, stop)
+        except ValueError:  # not the main thread (an embedding caller): Ctrl-C still works
+            previous = None
+    try:
+        try:
+            if args.file == "-":
+                _stdin_lines(session, sys.stdin.buffer)
+            elif args.follow:
+                _follow(session, args.file)
+            else:
+                with open(args.file, "rb") as f:
+                    for raw, n in _read_lines(f):
+                        session.feed(raw, n)
+        except (KeyboardInterrupt, _Stop):
+            pass  # --follow and pipes end here: report what was read
+        session.finish()
+        if not session.results:
+            sys.stderr.write(f"kvwatch logs: no vLLM stats line found in {name} ({session.lines} lines read)\n")
+            return 1
+        if not args.json:
+            if streaming:
+                print()
+            print(render_report(name, session.analyzer, session.assembler.skipped), flush=True)
+        return 0
+    except BrokenPipeError:  # `kvwatch logs ... | head`
+        try:
+            sys.stdout = open(os.devnull, "w")
+        except OSError:
+            pass
+        return 0
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)

@@ -1,0 +1,497 @@
+"""vLLM's periodic stats lines and the start-up lines that give capacity, as vLLM prints them per release.
+
+Stats lines (exact format strings from vLLM's source):
+- V0, ``vllm/engine/llm_engine.py`` (<= 0.4)::
+
+    Avg prompt throughput: %.1f tokens/s, Avg generation throughput: %.1f tokens/s, Running: %d reqs,
+    Swapped: %d reqs, Pending: %d reqs, GPU KV cache usage: %.1f%, CPU KV cache usage: %.1f%
+
+- V0, ``vllm/engine/metrics.py`` (0.4 - 0.10): the same with a trailing period, then on its own line
+  ``Prefix cache hit rate: GPU: %.2f%, CPU: %.2f%`` (0.5+); every 50th preemption (the 1st, 51st, ...)
+  the scheduler warns ``Sequence group %s is preempted by PreemptionMode.RECOMPUTE|SWAP mode because
+  there is not enough KV cache space. ... total_num_cumulative_preemption=%d``.
+- V1, ``vllm/v1/metrics/loggers.py``: 0.7 ``Avg prompt throughput: ..., Running: %d reqs, Waiting: %d
+  reqs `` (nothing after); 0.8 - 0.10 ``Engine %03d: Avg prompt throughput: %.1f tokens/s, Avg generation
+  throughput: %.1f tokens/s, Running: %d reqs, Waiting: %d reqs, GPU KV cache usage: %.1f%, Prefix cache
+  hit rate: %.1f%``; later, between Waiting and the KV field, ``Deferred: %d reqs`` (deferred requests are
+  counted in Waiting too), ``KV fetch: %d waiting to start, %d in progress, %d completed waiting`` (0.32)
+  and ``Preemptions: %d`` (each only when non-zero), the KV field named after the device (``CPU``,
+  ``XPU``, ``GPU``), the prefix field omitted while the prefix cache has seen no query, then optional
+  ``External prefix cache hit rate``, ``MM cache hit rate``, ``Corrupted``. With
+  ``--aggregate-engine-logging`` the prefix is ``%d Engines Aggregated: ``.
+  With ``--enable-logging-iteration-details`` (0.32) each step logs ``Engine %03d: Iteration(%d): %d
+  context requests, %d context tokens, %d generation requests, %d generation tokens, iteration elapsed
+  time: %.2f ms, <DEV> KV cache usage: %.1f%``: the only per-step token counts a log can give.
+
+Start-up lines: ``# GPU blocks: %d, # CPU blocks: %d`` (V0; ``# cuda blocks`` etc. from 0.6), ``GPU KV cache
+size: %s tokens`` and ``Maximum concurrency for %s tokens per request: %.2fx`` (V1; one line, device
+named, in 0.30+; V0 0.6+ prints the concurrency too, without thousands separators), ``Engine %03d: vllm
+cache_config_info with initialization after num_gpu_blocks is: %d``, ``Initializing a V1 LLM engine
+(v%s) with config: ... max_seq_len=..., kv_cache_dtype=..., enable_prefix_caching=...``, the API server's
+``non-default args: {...}`` (0.9+) or ``args: Namespace(...)``, and ``Chunked prefill is enabled with
+max_num_batched_tokens=%d.``
+
+Real logs are messy, so a record is found by its anchor (``Avg prompt throughput:``) wherever it sits in
+a line (after any prefix, glued to the previous record) and every literal space in a field may be
+missing or a newline (a paste that re-wrapped the text). A record is complete when its mandatory fields
+parse, each with its terminator (``tokens/s``, ``reqs``, ``%``), so a cut-off number is never read.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+from kvwatch.logs.lines import Logical
+
+__all__ = ["Assembler", "Event", "StatsRecord", "parse_segment"]
+
+_NUM = r"(\d+(?:\.\d+)?)"
+
+
+def _words(phrase: str) -> str:
+    """A phrase whose spaces may be missing or newlines: 'Avg prompt' -> 'Avg\\s*prompt'."""
+    return r"\s*".join(re.escape(w) for w in phrase.split(" "))
+
+
+ANCHOR = re.compile(
+    r"(?:Engine\s*(?P<engine>\d+)\s*:\s*|(?P<n>\d+)\s*Engines\s*Aggregated\s*:\s*)?" + _words("Avg prompt throughput") + r"\s*:"
+)
+_F = {
+    "prompt": re.compile(_words("Avg prompt throughput") + r"\s*:\s*" + _NUM + r"\s*tokens\s*/\s*s"),
+    "generation": re.compile(_words("Avg generation throughput") + r"\s*:\s*" + _NUM + r"\s*tokens\s*/\s*s"),
+    "running": re.compile(r"Running\s*:\s*(\d+)\s*reqs"),
+    "waiting": re.compile(r"Waiting\s*:\s*(\d+)\s*reqs"),
+    "pending": re.compile(r"Pending\s*:\s*(\d+)\s*reqs"),
+    "swapped": re.compile(r"Swapped\s*:\s*(\d+)\s*reqs"),
+    "deferred": re.compile(r"Deferred\s*:\s*(\d+)\s*reqs"),
+    "kv_fetch": re.compile(
+        _words("KV fetch") + r"\s*:\s*(\d+)\s*" + _words("waiting to start") + r"\s*,\s*(\d+)\s*"
+        + _words("in progress") + r"\s*,\s*(\d+)\s*" + _words("completed waiting")
+    ),
+    # "Preemptions: %d" is never the last field: demand the comma, so "Preemptions: 1" cut from 12 is not read.
+    "preemptions": re.compile(r"Preemptions\s*:\s*(\d+)(?=\s*,)"),
+    "kv": re.compile(r"(?:\b([A-Z]{2,5})\s*)?" + _words("KV cache usage") + r"\s*:\s*" + _NUM + r"\s*%"),
+    # Case matters: V1's optional "External prefix cache hit rate" is lower-case and is not this field.
+    "prefix": re.compile(_words("Prefix cache hit rate") + r"\s*:\s*" + _NUM + r"\s*%"),
+}
+_ASCTIME = re.compile(r"\b(?:INFO|WARNING|WARN|DEBUG|ERROR|CRITICAL)\s+(\d\d)-(\d\d)\s+(\d\d):(\d\d):(\d\d)(?:[.,](\d+))?")
+_PROC = re.compile(r"\((\w+?)(?:_DP(\d+))?\s+pid=\d+\)")
+
+# Events: everything that is not a stats record but changes how the next records read.
+_E = {
+    "config": re.compile(r"Initializing\s+(?:a\s+V(\d)\s+|an\s+)LLM\s+engine\s*(?:\(v([^)\s]+)\)\s*)?with\s+config:"),
+    "nondefault": re.compile(r"non-default args:\s*(\{.*)"),
+    "namespace": re.compile(r"\bargs:\s*Namespace\((.*)"),
+    "api_version": re.compile(r"vLLM API server version\s+([\w.+-]+)"),
+    "chunked": re.compile(r"Chunked prefill is enabled with max_num_batched_tokens=(\d+)"),
+    "defaulting": re.compile(r"Defaulting (max_num_batched_tokens|max_num_seqs) to (\d+)"),
+    "kv_size": re.compile(r"(?:\b([A-Z]{2,5})(?:\s*\+\s*host)?\s+)?KV cache size:\s*([\d,]+)\s*tokens"),
+    "concurrency": re.compile(r"Maximum concurrency for\s*([\d,]+)\s*tokens per request:\s*" + _NUM + r"\s*x"),
+    "blocks": re.compile(r"#\s*(\w+)\s+blocks:\s*(\d+),\s*#\s*CPU\s+blocks:\s*(\d+)"),
+    "num_gpu_blocks": re.compile(r"(?:Engine\s*(\d+)\s*:\s*)?(?:\d+ Engines: )?vllm cache_config_info with initialization after num_gpu_blocks is:\s*(\d+)"),
+    "override_blocks": re.compile(r"Overriding num_gpu_blocks=(\d+) with num_gpu_blocks_override=(\d+)"),
+    "preemption": re.compile(
+        r"(?:preempted by PreemptionMode\.(\w+) mode.*?)?total_num_cumulative_preemption=(\d+)(?!\d)"
+    ),
+    "iteration": re.compile(
+        r"(?:Engine\s*(\d+)\s*:\s*)?Iteration\((\d+)\):\s*(\d+) context requests, (\d+) context tokens, "
+        r"(\d+) generation requests, (\d+) generation tokens, iteration elapsed time: ([\d.]+) ms( \(dummy\))?"
+    ),
+    "v0_prefix": re.compile(_words("Prefix cache hit rate") + r"\s*:\s*GPU\s*:\s*" + _NUM + r"\s*%\s*,\s*CPU\s*:\s*" + _NUM + r"\s*%"),
+}
+# Keys of vLLM's engine config line that matter here; searched on every line because the config line is
+# thousands of characters long and a terminal wraps it.
+_CONFIG_KEYS = {
+    "max_seq_len": re.compile(r"\bmax_seq_len=(\d+)(?=[,\s)])"),
+    "kv_cache_dtype": re.compile(r"\bkv_cache_dtype=([\w.]+)(?=[,\s)])"),
+    "enable_prefix_caching": re.compile(r"\benable_prefix_caching=(True|False)\b"),
+    "served_model_name": re.compile(r"\bserved_model_name=([^,\s]+)(?=[,\s])"),
+    "device_config": re.compile(r"\bdevice_config=(\w+)"),
+}
+START_KINDS = frozenset({"config", "nondefault", "namespace", "api_version"})
+ARG_KEYS = (
+    "max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size", "kv_cache_dtype",
+    "enable_prefix_caching", "gpu_memory_utilization", "kv_cache_memory_bytes", "num_gpu_blocks_override",
+    "served_model_name", "model", "data_parallel_size", "aggregate_engine_logging",
+)
+
+
+@dataclass(slots=True)
+class StatsRecord:
+    line: int
+    engine: str  # "000", "001" (V1), "0" (V0 has no engine index), "aggregated"
+    fmt: str  # "v0" | "v1"
+    prompt_tokens_per_second: float
+    generation_tokens_per_second: float
+    requests_running: int
+    requests_waiting: int
+    requests_swapped: int | None = None
+    requests_deferred: int | None = None
+    kv_cache_usage_ratio: float | None = None
+    kv_device: str | None = None
+    cpu_swap_usage_ratio: float | None = None  # V0's "CPU KV cache usage": the swap space
+    prefix_cache_hit_ratio: float | None = None
+    preemptions: int | None = None  # V1 "Preemptions: N" in the interval; None when not printed
+    kv_fetch: tuple[int, int, int] | None = None
+    aggregated_engines: int | None = None
+    vllm_time: float | None = None  # vLLM's own "MM-DD HH:MM:SS" (no year: seconds in the year 2000)
+    clock: str | None = None  # "HH:MM:SS" as printed
+    collector_time: float | None = None  # kubectl/docker/CRI/wrapper timestamp, seconds since the epoch
+
+
+@dataclass(slots=True)
+class Event:
+    kind: str
+    line: int
+    data: dict = field(default_factory=dict)
+    dp_rank: int | None = None  # from an "(EngineCore_DP1 pid=...)" prefix
+
+
+@dataclass(slots=True)
+class Parsed:
+    fields: dict
+    end: int  # end of the last field read, in the segment
+    clean: bool  # nothing but punctuation after the last field
+    text: str
+
+    @property
+    def fmt(self) -> str:
+        return "v0" if ("pending" in self.fields or "swapped" in self.fields) else "v1"
+
+    @property
+    def complete(self) -> bool:
+        f = self.fields
+        if not all(k in f for k in ("prompt", "generation", "running")) or not ("waiting" in f or "pending" in f):
+            return False
+        if "kv" in f:
+            return True
+        # V1 0.7 printed nothing after "Waiting: %d reqs "; anything else there is a cut-off field.
+        return self.fmt == "v1" and self.clean and "KV" not in self.text
+
+    @property
+    def score(self) -> tuple[int, int]:
+        return len(self.fields), int(self.clean)
+
+
+def parse_segment(seg: str) -> Parsed:
+    """Read the fields of one stats record from ``seg`` (which starts at its anchor)."""
+    fields: dict = {}
+    end = 0
+    for name, rx in _F.items():
+        if name == "kv":
+            kvs = list(rx.finditer(seg))
+            if not kvs:
+                continue
+            # V0 prints GPU then CPU (the swap space); V1 one field, named after the device.
+            gpu = next((m for m in kvs if m[1] == "GPU"), None)
+            main = gpu if (gpu is not None and len(kvs) > 1) else kvs[0]
+            fields["kv"] = (float(main[2]), main[1])
+            end = max(end, main.end())
+            for m in kvs:
+                if m is not main and m[1] == "CPU":
+                    fields["cpu_kv"] = float(m[2])
+                end = max(end, m.end())
+            continue
+        m = rx.search(seg)
+        if m is None:
+            continue
+        fields[name] = m.groups() if name == "kv_fetch" else m[1]
+        end = max(end, m.end())
+    tail = seg[end:]
+    clean = tail.strip(" \t,.%") == ""
+    return Parsed(fields, end, clean, seg)
+
+
+def _asctime(text: str) -> tuple[float | None, str | None]:
+    ms = list(_ASCTIME.finditer(text))
+    if not ms:
+        return None, None
+    m = ms[-1]
+    try:
+        t = datetime(2000, int(m[1]), int(m[2]), int(m[3]), int(m[4]), int(m[5]), tzinfo=timezone.utc).timestamp()
+    except ValueError:
+        return None, None
+    return t + (float("0." + m[6]) if m[6] else 0.0), f"{m[3]}:{m[4]}:{m[5]}"
+
+
+def _dp_rank(text: str) -> int | None:
+    m = None
+    for m in _PROC.finditer(text):
+        pass
+    if m is not None and m[2] is not None:
+        return int(m[2])
+    return None
+
+
+def _literal(value: str):
+    value = value.strip().rstrip(",)")
+    try:
+        return ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        return value.strip("'\"")
+
+
+def parse_args_text(kind: str, body: str) -> dict:
+    """vLLM's ``non-default args: {...}`` dict or ``args: Namespace(...)``, the keys that matter here."""
+    out: dict = {}
+    if kind == "nondefault":
+        try:
+            obj = ast.literal_eval(body.strip())
+            if isinstance(obj, dict):
+                return {k: v for k, v in obj.items() if k in ARG_KEYS and v is not None}
+        except (ValueError, SyntaxError):
+            pass  # a repr that is not a literal, or a wrapped line: read key by key
+        pairs = re.finditer(r"'(\w+)':\s*('[^']*'|\"[^\"]*\"|[^,}]+)", body)
+    else:
+        pairs = re.finditer(r"\b(\w+)=('[^']*'|\"[^\"]*\"|[^,\s)]+)", body)
+    for m in pairs:
+        if m[1] in ARG_KEYS:
+            v = _literal(m[2])
+            if v is not None and v != "None":
+                out[m[1]] = v
+    return out
+
+
+def _num(s: str) -> int:
+    return int(s.replace(",", ""))
+
+
+def _events(text: str, line: int, skip: frozenset = frozenset()) -> list[tuple[int, Event]]:
+    """Every non-record event in ``text``, with its position."""
+    rank = _dp_rank(text)
+    found: list[tuple[int, Event]] = []
+    for kind, rx in _E.items():
+        if kind in skip:
+            continue
+        for m in rx.finditer(text):
+            data: dict
+            if kind == "config":
+                data = {"engine_version": m[1], "version": m[2]}
+            elif kind in ("nondefault", "namespace"):
+                data = parse_args_text(kind, m[1])
+            elif kind == "api_version":
+                data = {"version": m[1]}
+            elif kind == "chunked":
+                data = {"max_num_batched_tokens": int(m[1])}
+            elif kind == "defaulting":
+                data = {m[1]: int(m[2])}
+            elif kind == "kv_size":
+                data = {"tokens": _num(m[2]), "device": m[1]}
+            elif kind == "concurrency":
+                data = {"max_model_len": _num(m[1]), "concurrency": float(m[2])}
+            elif kind == "blocks":
+                data = {"num_gpu_blocks": int(m[2]), "device": m[1], "num_cpu_blocks": int(m[3])}
+            elif kind == "num_gpu_blocks":
+                data = {"num_gpu_blocks": int(m[2]), "engine": m[1]}
+            elif kind == "override_blocks":
+                data = {"num_gpu_blocks": int(m[2])}
+            elif kind == "preemption":
+                data = {"counter": int(m[2]), "mode": m[1]}
+            elif kind == "iteration":
+                if m[8]:
+                    continue  # dummy steps (DP padding) schedule nothing
+                data = {
+                    "engine": m[1], "context_tokens": int(m[4]), "generation_tokens": int(m[6]),
+                    "requests": int(m[3]) + int(m[5]), "elapsed_ms": float(m[7]),
+                }
+            elif kind == "v0_prefix":
+                data = {"gpu": float(m[1]), "cpu": float(m[2])}
+            else:  # pragma: no cover - every kind is handled above
+                continue
+            found.append((m.start(), Event(kind, line, data, rank)))
+    for key, rx in _CONFIG_KEYS.items():
+        for m in rx.finditer(text):
+            found.append((m.start(), Event("config_key", line, {key: m[1]}, rank)))
+    found.sort(key=lambda x: x[0])
+    return found
+
+
+_ANCHOR_WORD = "Avgpromptthroughput:"
+
+
+def _could_start_record(text: str) -> bool:
+    """Does this line end where a record begins, cut by a wrap ('... [loggers.py:335] Engine 000: Avg pr')?"""
+    cut = max(text.rfind("] "), text.rfind("]"))
+    if cut < 0:
+        return False
+    tail = re.sub(r"\s+", "", text[cut + 1 :])
+    if len(tail) > 40:
+        return False
+    if "Engine".startswith(tail):  # also the empty tail: the message itself starts on the next line
+        return True
+    m = re.match(r"Engine\d*:?", tail)
+    if m:
+        tail = tail[m.end() :]
+    return _ANCHOR_WORD.startswith(tail)
+
+
+@dataclass(slots=True)
+class _Held:
+    text: str
+    line: int
+    lg_ts: float | None
+    engine: str | None
+    aggregated: int | None
+    vllm_time: float | None
+    clock: str | None
+    parsed: Parsed
+    joins: int = 0
+    waited: int = 0
+    v0_prefix: float | None = None
+
+
+class Assembler:
+    """Logical lines in, stats records and events out, in log order.
+
+    The last record seen is *held* until the next line shows it is finished: a line that completes it
+    (a hard wrap), V0's prefix-cache line that belongs to it, or anything else. Incomplete records are
+    dropped and their line numbers kept in ``skipped``.
+    """
+
+    MAX_JOINS = 12
+    V0_PATIENCE = 3  # lines a V0 record waits for its "Prefix cache hit rate: GPU: ..." line
+
+    def __init__(self):
+        self.held: _Held | None = None
+        self.pending: list[Event] = []  # events after the held record, emitted after it
+        self.frag: Logical | None = None  # a line that ends where a record begins
+        self.skipped: list[int] = []
+
+    # ------------------------------------------------------------------ public
+
+    def feed(self, lg: Logical) -> list[StatsRecord | Event]:
+        out: list[StatsRecord | Event] = []
+        if self.frag is not None:
+            f, self.frag = self.frag, None
+            joined = f.text + lg.text.lstrip()
+            first = ANCHOR.search(joined)
+            if first is not None and first.start() <= len(f.text):
+                lg = Logical(joined, f.line, f.ts if f.ts is not None else lg.ts)
+            else:
+                out += self._feed_one(f, allow_frag=False)
+        return out + self._feed_one(lg)
+
+    def flush(self) -> list[StatsRecord | Event]:
+        out: list[StatsRecord | Event] = []
+        if self.frag is not None:
+            f, self.frag = self.frag, None
+            out += self._feed_one(f, allow_frag=False)
+        return out + self._finalize()
+
+    @property
+    def holding(self) -> bool:
+        return self.held is not None or self.frag is not None
+
+    # ------------------------------------------------------------------ internals
+
+    def _feed_one(self, lg: Logical, allow_frag: bool = True) -> list[StatsRecord | Event]:
+        out: list[StatsRecord | Event] = []
+        h = self.held
+        if h is not None:
+            if not (h.parsed.complete and h.parsed.clean) and h.joins < self.MAX_JOINS:
+                cont = lg.text.lstrip()
+                joined = h.text + cont
+                anchors = list(ANCHOR.finditer(joined))
+                later = [a for a in anchors if a.start() > 0]
+                end = later[0].start() if later else len(joined)
+                p = parse_segment(joined[:end])
+                if p.score > h.parsed.score:
+                    h.text, h.parsed, h.joins = joined[:end], p, h.joins + 1
+                    consumed = end - (len(joined) - len(cont))  # how much of this line the record took
+                    self.pending += [e for _, e in _events(cont[: max(0, consumed)], lg.line)]
+                    rest = cont[max(0, consumed) :]
+                    if rest.strip():
+                        out += self._fresh(Logical(rest, lg.line, lg.ts))
+                    return out
+            if h.parsed.fmt == "v0" and h.parsed.complete and h.v0_prefix is None:
+                m = _E["v0_prefix"].search(lg.text)
+                if m is not None:
+                    h.v0_prefix = float(m[1])
+                    out += self._finalize()
+                    return out + self._fresh(lg, skip=frozenset({"v0_prefix"}))
+                if h.waited < self.V0_PATIENCE and ANCHOR.search(lg.text) is None and not any(
+                    e.kind in START_KINDS for _, e in _events(lg.text, lg.line)
+                ):
+                    h.waited += 1
+                    self.pending += [e for _, e in _events(lg.text, lg.line)]
+                    return out
+            out += self._finalize()
+        if allow_frag and ANCHOR.search(lg.text) is None and _could_start_record(lg.text):
+            self.frag = lg
+            return out
+        return out + self._fresh(lg)
+
+    def _fresh(self, lg: Logical, skip: frozenset = frozenset()) -> list[StatsRecord | Event]:
+        """A line not continuing anything held: its events, and its records (the last one is held)."""
+        out: list[StatsRecord | Event] = []
+        text = lg.text
+        anchors = list(ANCHOR.finditer(text))
+        events = _events(text, lg.line, skip)
+        bounds = [a.start() for a in anchors] + [len(text)]
+        for pos, ev in events:
+            if anchors and pos >= bounds[0]:
+                break
+            (self.pending if self.held is not None else out).append(ev)
+        prev_end = 0
+        for i, a in enumerate(anchors):
+            out += self._finalize()
+            seg = text[a.start() : bounds[i + 1]]
+            parsed = parse_segment(seg)
+            vt, clock = _asctime(text[prev_end : a.start()])
+            self.held = _Held(
+                seg, lg.line, lg.ts, a["engine"], int(a["n"]) if a["n"] else None, vt, clock, parsed
+            )
+            prev_end = a.start() + parsed.end
+            self.pending += [ev for pos, ev in events if bounds[i] <= pos < bounds[i + 1]]
+        return out
+
+    def _finalize(self) -> list[StatsRecord | Event]:
+        h, self.held = self.held, None
+        out: list[StatsRecord | Event] = []
+        if h is not None:
+            if h.parsed.complete:
+                out.append(_record(h))
+            else:
+                self.skipped.append(h.line)
+        out += self.pending
+        self.pending = []
+        return out
+
+
+def _record(h: _Held) -> StatsRecord:
+    f = h.parsed.fields
+    fmt = h.parsed.fmt
+    if h.aggregated is not None:
+        engine = "aggregated"
+    elif h.engine is not None:
+        engine = h.engine
+    else:
+        engine = "0" if fmt == "v0" else "000"
+    kv = f.get("kv")
+    rec = StatsRecord(
+        line=h.line,
+        engine=engine,
+        fmt=fmt,
+        prompt_tokens_per_second=float(f["prompt"]),
+        generation_tokens_per_second=float(f["generation"]),
+        requests_running=int(f["running"]),
+        requests_waiting=int(f["waiting"] if "waiting" in f else f["pending"]),
+        requests_swapped=int(f["swapped"]) if "swapped" in f else (0 if fmt == "v0" else None),
+        requests_deferred=int(f["deferred"]) if "deferred" in f else None,
+        kv_cache_usage_ratio=kv[0] / 100.0 if kv else None,
+        kv_device=kv[1] if kv else None,
+        cpu_swap_usage_ratio=f["cpu_kv"] / 100.0 if fmt == "v0" and "cpu_kv" in f else None,
+        prefix_cache_hit_ratio=(float(f["prefix"]) / 100.0) if "prefix" in f else None,
+        preemptions=int(f["preemptions"]) if "preemptions" in f else None,
+        kv_fetch=tuple(int(x) for x in f["kv_fetch"]) if "kv_fetch" in f else None,
+        aggregated_engines=h.aggregated,
+        vllm_time=h.vllm_time,
+        clock=h.clock,
+        collector_time=h.lg_ts,
+    )
+    if fmt == "v0" and h.v0_prefix is not None:
+        rec.prefix_cache_hit_ratio = h.v0_prefix / 100.0
+    return rec
