@@ -48,7 +48,9 @@ async def test_token_budget(server, scenario_dir, vocab_size):
     run.write_summary(saturated={v: describe(s) for v, s in sats.items()}, vllm_mean_step_tokens=step)
     log(f"[token_budget] vLLM mean step tokens while waiting: {step:.1f}")
     # the scenario itself: steps are full, sequences and KV have room
-    assert 0.8 * BUDGET <= step <= BUDGET, step
+    # (vLLM counts the token sampled when a prefill completes on top of the scheduled ones, so a full step can
+    # read a little above the budget)
+    assert 0.8 * BUDGET <= step <= 1.1 * BUDGET, step
     for v, sat in sats.items():
         info = describe(sat)
         log(f"[token_budget/{v}] saturated: {info}")
