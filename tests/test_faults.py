@@ -170,23 +170,23 @@ async def test_100k_series_are_skipped_cheaply_and_do_not_block_the_loop(monitor
     )
     body = junk + captures("kv_cache")[15]
     upstream.serve(body)
-    ticks = 0
+    gaps = []
 
     async def ticker():
-        nonlocal ticks
+        last = time.monotonic()
         while True:
             await asyncio.sleep(0.01)
-            ticks += 1
+            now = time.monotonic()
+            gaps.append(now - last)
+            last = now
 
     task = asyncio.create_task(ticker())
     m.fetcher.cfg = type(m.fetcher.cfg)(5.0, 16 << 20)  # generous deadline: this test is about the loop
-    t0 = time.monotonic()
     await good_scrapes(m, clock, 2)
-    elapsed = time.monotonic() - t0
     task.cancel()
     assert value(render(m), "kvwatch_up") == 1.0
-    # The event loop kept running during two ~5 MB scrapes (the parse runs off-loop).
-    assert ticks >= 3, (ticks, elapsed)
+    # Other work (other targets, /metrics requests) was never held up for a whole scrape interval.
+    assert gaps and max(gaps) < m.settings.interval, max(gaps)
 
 
 async def test_bearer_token_is_sent_from_file_and_never_logged(upstream, tmp_path, caplog):
