@@ -440,14 +440,17 @@ class Observer:
         async with httpx.AsyncClient(timeout=2.0) as client:
             while not self._stop.is_set():
                 t = time.time()
-                kv_text = vl_text = None
+                kv_text = vl_text = diagnosis = None
                 kv = vl = None
                 try:
                     r = await client.get(f"{self.kvwatch_url}/metrics")
                     if r.status_code == 200:
                         kv_text = r.text
                         kv = Snapshot(t, kv_text)
-                except httpx.HTTPError:
+                    r = await client.get(f"{self.kvwatch_url}/api/v1/diagnosis")
+                    if r.status_code == 200:
+                        diagnosis = r.json()
+                except (httpx.HTTPError, ValueError):
                     pass
                 if self.vllm_metrics_url:
                     try:
@@ -458,7 +461,7 @@ class Observer:
                     except httpx.HTTPError:
                         pass
                 self.samples.append(Sample(t, kv, vl))
-                self.raw.append({"t": t, "kvwatch": kv_text})
+                self.raw.append({"t": t, "diagnosis": diagnosis, "kvwatch": kv_text})
                 try:
                     await asyncio.wait_for(self._stop.wait(), timeout=max(0.0, self.period - (time.time() - t)))
                 except asyncio.TimeoutError:
@@ -468,7 +471,7 @@ class Observer:
         self._stop.set()
 
     def dump(self, path: Path) -> None:
-        """kvwatch's own /metrics bodies, one JSON line per sample (what the test saw)."""
+        """kvwatch's /api/v1/diagnosis and /metrics bodies, one JSON line per sample (what the test saw)."""
         with open(path, "w") as f:
             for r in self.raw:
                 f.write(json.dumps(r) + "\n")

@@ -4,7 +4,7 @@ the timeline of what kvwatch said next to what vLLM itself reported (both read o
 Artefacts written to the scenario's directory (artifacts/e2e/<scenario>/):
   recording/<unix_time>.prom     ``kvwatch record`` of vLLM's /metrics (replayable with ``kvwatch diagnose --replay``)
   kvwatch-<variant>.log          each sidecar's log
-  kvwatch-<variant>.jsonl        every kvwatch /metrics body the test read, with its time
+  kvwatch-<variant>.jsonl        every kvwatch /api/v1/diagnosis and /metrics body the test read, with its time
   timeline-<variant>.txt         a table: vLLM running/waiting/KV vs kvwatch's bottleneck and signals, per second
   summary.json                   figures the assertions used
 """
