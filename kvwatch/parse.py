@@ -36,6 +36,7 @@ _SUFFIXES = {
 _NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _LABEL = re.compile(r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\\n]|\\.)*)"[ \t]*(,?)')
 _ESCAPE = re.compile(r"\\(.)")
+_HELP_ESCAPE = re.compile(r"\\([\\n])")
 # Fast path for the common label set (no escapes, no spaces): validated and split in C.
 _PLAIN_LABELSET = re.compile(r'(?:[a-zA-Z_][a-zA-Z0-9_]*="[^"\\\n]*",)*(?:[a-zA-Z_][a-zA-Z0-9_]*="[^"\\\n]*")?,?')
 _PLAIN_PAIR = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="([^"]*)"')
@@ -72,6 +73,13 @@ def _unescape(value: str) -> str:
     if "\\" not in value:
         return value
     return _ESCAPE.sub(lambda m: {"n": "\n", "\\": "\\", '"': '"'}.get(m.group(1), "\\" + m.group(1)), value)
+
+
+def _unescape_help(text: str) -> str:
+    """HELP text knows only two escapes, ``\\\\`` and ``\\n`` (``\\"`` stays as written), as in prometheus_client."""
+    if "\\" not in text:
+        return text
+    return _HELP_ESCAPE.sub(lambda m: "\n" if m.group(1) == "n" else "\\", text)
 
 
 def _parse_labels(text: str, lineno: int) -> dict[str, str]:
@@ -160,14 +168,14 @@ def parse(body: str, keep: Callable[[str], bool] | None = None) -> dict[str, Fam
     kept = True
     help_name, help_text = "", ""  # HELP precedes TYPE and does not know the type yet
     for lineno, line in enumerate(body.split("\n"), 1):
-        if not line:
-            continue
+        if not line or not line.strip():
+            continue  # blank, or whitespace only (prometheus_client reads both as blank)
         if line[0] == "#":
             parts = line.rstrip().split(None, 3)
             if len(parts) < 3 or parts[1] not in ("HELP", "TYPE"):
                 continue  # a plain comment
             if parts[1] == "HELP":
-                help_name, help_text = parts[2], (_unescape(parts[3]) if len(parts) > 3 else "")
+                help_name, help_text = parts[2], (_unescape_help(parts[3]) if len(parts) > 3 else "")
                 if current is not None and help_name in (current.name, current.name + "_total"):
                     if kept:
                         current.help = help_text
