@@ -2,8 +2,12 @@
 
 Why not ``prometheus_client.parser``: it costs ~15 ms for one real vLLM payload and it is lenient
 (a body cut off mid-number parses as a smaller number). This parser is strict where it matters and
-skips, without tokenising them, the families the caller does not want: a 100k-series payload of
-unrelated families costs one ``startswith`` per line.
+skips, without tokenising them, the families the caller does not want: the body is walked by
+position, and the lines of a skipped family are passed over by one regular-expression match per
+256 Ki characters (a 100k-series payload of unrelated families costs a few C-level scans, and the
+GIL is released between slices, so a worker-thread parse does not stall the event loop). A kept
+family's block is read by one ``findall`` when every line of it is a well-formed sample; any other
+line takes the general line-by-line path, which decides membership and reports errors.
 
 Strictness:
 - the body must end with a newline: a body truncated mid-line is an error, not a smaller number;
@@ -12,7 +16,8 @@ Strictness:
 Lines of skipped families are not validated beyond that (they are never read).
 
 ``tests/test_parse.py`` proves this parser equal to ``prometheus_client`` on every fixture and on
-generated exposition text.
+generated exposition text; ``tests/test_bench_equivalence.py`` proves the fast paths equal to the
+general path (and the filtered parse equal to ``prometheus_client``) on generated text.
 """
 
 from __future__ import annotations
@@ -154,23 +159,112 @@ def _family_of(sample_name: str, fam: Family | None) -> bool:
     return sample_name[len(fam.name) :] in _SUFFIXES.get(fam.type, ())
 
 
+# One well-formed sample line in one C-level match: name, optional {labels} (up to the line's last
+# '}', as _parse_sample takes them), a value and an optional timestamp separated by spaces or tabs.
+# Any line this does not match (other spacing, a malformed line) goes through _parse_sample, which
+# decides exactly as before and reports the error with its line number.
+_SAMPLE_LINE = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{([^\n]*)\})?[ \t]+([^\s{}]+)(?:[ \t]+([^\s{}]+))?[ \t]*\n")
+# Per skipped family (name, type): a pattern that consumes, in C, the run of lines that belong to
+# it (and blank or whitespace-only lines). A line belongs when its name token -- the text before its
+# first '{', else before its first ' ', else all but its last character, as the per-line check reads
+# it -- is the family name or the name plus a suffix of the type. Names that could confuse that
+# reading get None (the per-line check is used).
+_SKIP_CACHE: dict[tuple[str, str], re.Pattern | None] = {}
+_SKIP_CACHE_MAX = 4096
+_CHUNK = 1 << 18  # characters per regular-expression call (~1 ms): the GIL is released between calls
+
+
+def _skipper(fam: Family) -> re.Pattern | None:
+    key = (fam.name, fam.type)
+    try:
+        return _SKIP_CACHE[key]
+    except KeyError:
+        pass
+    pat = None
+    if not any(c in fam.name for c in "{} \t\r\n"):
+        names = sorted({fam.name, *(fam.name + s for s in _SUFFIXES.get(fam.type, ()))}, key=len, reverse=True)
+        alt = "|".join(re.escape(n) for n in names)
+        pat = re.compile(r"(?:(?:" + alt + r")(?:\{[^\n]*|[ ][^{\n]*|[^{ \n])\n|[^\S\n]*\n)*")
+    if len(_SKIP_CACHE) >= _SKIP_CACHE_MAX:
+        _SKIP_CACHE.clear()  # endless family names from a hostile upstream must not grow memory
+    _SKIP_CACHE[key] = pat
+    return pat
+
+
+# Per kept family (name, type): _SAMPLE_LINE restricted to the family's sample names, and a pattern
+# for a whole run of such lines. A block (the lines up to the next comment) that is such a run is
+# read by one findall; any other block is read line by line.
+_BLOCK_CACHE: dict[tuple[str, str], tuple[re.Pattern, re.Pattern] | None] = {}
+
+
+def _block_patterns(fam: Family) -> tuple[re.Pattern, re.Pattern] | None:
+    key = (fam.name, fam.type)
+    try:
+        return _BLOCK_CACHE[key]
+    except KeyError:
+        pass
+    pats = None
+    if _NAME.fullmatch(fam.name):
+        names = sorted({fam.name, *(fam.name + s for s in _SUFFIXES.get(fam.type, ()))}, key=len, reverse=True)
+        alt = "|".join(re.escape(n) for n in names)
+        pats = (
+            re.compile("(" + alt + r")(?:\{([^\n]*)\})?[ \t]+([^\s{}]+)(?:[ \t]+([^\s{}]+))?[ \t]*\n"),
+            re.compile("(?:(?:" + alt + r")(?:\{[^\n]*\})?[ \t]+[^\s{}]+(?:[ \t]+[^\s{}]+)?[ \t]*\n)+"),
+        )
+    if len(_BLOCK_CACHE) >= _SKIP_CACHE_MAX:
+        _BLOCK_CACHE.clear()
+    _BLOCK_CACHE[key] = pats
+    return pats
+
+
+def _read_block(pats: tuple[re.Pattern, re.Pattern], block: str) -> list[Sample] | None:
+    """The samples of ``block`` if every line of it is a well-formed sample of the family, else None."""
+    line, run = pats
+    if run.fullmatch(block) is None:
+        return None
+    cache = _LABEL_CACHE
+    try:
+        return [
+            Sample(n, ((cache.get(t) or _parse_labels(t, 0)) if t else {}), float(v), float(ts) / 1000.0 if ts else None)
+            for n, t, v, ts in line.findall(block)
+        ]
+    except ValueError:
+        return None  # a bad value or label set: the line-by-line path reports it
+
+
+def _lineno(body: str, pos: int) -> int:
+    return body.count("\n", 0, pos) + 1
+
+
 def parse(body: str, keep: Callable[[str], bool] | None = None) -> dict[str, Family]:
     """Parse ``body`` into families keyed by family name.
 
     ``keep(name)`` decides per family whether its samples are read at all (``None`` keeps all).
     Family names follow ``prometheus_client``: a counter declared ``# TYPE x_total counter`` is
     family ``x``; its samples keep their own names.
+
+    The body is walked by position, not split into lines: a skipped family's lines are passed over
+    by one regular-expression match, and a well-formed sample line is read by one match.
     """
     if body and not body.endswith("\n"):
         raise ParseError(body.count("\n") + 1, "body does not end with a newline (truncated?)")
     families: dict[str, Family] = {}
     current: Family | None = None
-    kept = True
+    kept = True  # current is one of ``families`` (not a skipped family's stand-in)
     help_name, help_text = "", ""  # HELP precedes TYPE and does not know the type yet
-    for lineno, line in enumerate(body.split("\n"), 1):
-        if not line or not line.strip():
-            continue  # blank, or whitespace only (prometheus_client reads both as blank)
-        if line[0] == "#":
+    match_sample = _SAMPLE_LINE.match
+    label_cache = _LABEL_CACHE
+    pos, end = 0, len(body)
+    tried = 0  # the block fast path was tried up to here (never twice on one block)
+    while pos < end:
+        ch = body[pos]
+        if ch == "\n":
+            pos += 1
+            continue
+        if ch == "#":
+            nl = body.index("\n", pos)
+            line = body[pos:nl]
+            start, pos = pos, nl + 1
             parts = line.rstrip().split(None, 3)
             if len(parts) < 3 or parts[1] not in ("HELP", "TYPE"):
                 continue  # a plain comment
@@ -186,13 +280,19 @@ def parse(body: str, keep: Callable[[str], bool] | None = None) -> dict[str, Fam
                 continue
             typ = parts[3].strip() if len(parts) > 3 else ""
             if typ not in _TYPES:
-                raise ParseError(lineno, f"unknown type {typ!r}")
+                raise ParseError(_lineno(body, start), f"unknown type {typ!r}")
             if typ == "untyped":
                 typ = "unknown"
             raw = name = parts[2]
             if typ == "counter" and name.endswith("_total"):
                 name = name[:-6]
-            if current is not None and current.name == raw and raw != name and not current.samples:
+            if (
+                current is not None
+                and current.name == raw
+                and raw != name
+                and not current.samples
+                and families.get(raw) is current
+            ):
                 del families[raw]  # created by HELP under the sample name; rename to the family
             kept = keep is None or keep(name)
             if not kept:
@@ -204,20 +304,76 @@ def parse(body: str, keep: Callable[[str], bool] | None = None) -> dict[str, Fam
                 current.help = help_text
             continue
         if current is not None and not kept:
-            # Skipped family: only check that the line still belongs to it, cheaply.
-            end = line.find("{")
-            if end < 0:
-                end = line.find(" ")
-            if _family_of(line[:end], current):
-                continue
+            # Skipped family: pass over the lines that still belong to it, unread.
+            skip = _skipper(current)
+            if skip is not None:
+                # In slices of _CHUNK characters: one C call never holds the GIL for long, so the
+                # event loop keeps running while a huge body is parsed in a worker thread.
+                while True:
+                    stop = min(end, pos + _CHUNK)
+                    moved = skip.match(body, pos, stop).end()
+                    done = moved == pos or stop == end
+                    pos = moved
+                    if done:
+                        break
+                if pos >= end or body[pos] == "#":
+                    continue
+                if body.find("\n", pos, stop) < 0 and stop < end:
+                    skip = None  # a line longer than a slice: decide it by the per-line check below
+            if skip is None:
+                nl = body.index("\n", pos)
+                line = body[pos:nl]
+                if not line.strip():
+                    pos = nl + 1  # whitespace only: a blank line
+                    continue
+                cut = line.find("{")
+                if cut < 0:
+                    cut = line.find(" ")
+                if _family_of(line[:cut], current):
+                    pos = nl + 1
+                    continue
             current = None  # fell out of the skipped family into an undeclared one
-        sample = _parse_sample(line, lineno)
-        if not _family_of(sample.name, current):
+        elif current is not None and pos >= tried:
+            # A kept family: read its block (up to the next comment line) at once if it is well-formed.
+            nxt = body.find("\n#", pos)
+            tried = end if nxt < 0 else nxt + 1
+            pats = _block_patterns(current) if tried - pos <= _CHUNK else None
+            if pats is not None:
+                got = _read_block(pats, body[pos:tried])
+                if got is not None:
+                    current.samples.extend(got)
+                    pos = tried
+                    continue
+        m = match_sample(body, pos)
+        sample = None
+        if m is not None:
+            name, text, value, ts = m.groups()
+            try:
+                if text is None:
+                    labels = {}
+                else:
+                    labels = label_cache.get(text)
+                    if labels is None:
+                        labels = _parse_labels(text, 0)
+                sample = Sample(name, labels, float(value), None if ts is None else float(ts) / 1000.0)
+                pos = m.end()
+            except ValueError:
+                sample = None  # the general path below raises the error with its line number
+        if sample is None:
+            nl = body.index("\n", pos)
+            line = body[pos:nl]
+            if not line.strip():
+                pos = nl + 1  # whitespace only: a blank line, as prometheus_client reads it
+                continue
+            sample = _parse_sample(line, _lineno(body, pos))
+            pos = nl + 1
+        if current is None or not (sample.name == current.name or _family_of(sample.name, current)):
             current = families.get(sample.name)
             if current is None:
                 if keep is not None and not keep(sample.name):
                     continue
                 current = families[sample.name] = Family(sample.name)
+            kept = True
         current.samples.append(sample)
     return families
 
