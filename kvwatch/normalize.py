@@ -117,6 +117,23 @@ class EngineSnapshot:
     max_lora: int | None = None
 
 
+_BOUNDS: dict[str, float] = {}  # "le" label text -> bucket bound; the same few recur on every scrape
+
+
+def _bound(text: str) -> float | None:
+    le = _BOUNDS.get(text)
+    if le is None:
+        try:
+            le = float(text)
+        except ValueError:
+            return None
+        if le == le:  # NaN is never shared: each one stays a distinct key, as float() makes it
+            if len(_BOUNDS) >= 4096:
+                _BOUNDS.clear()
+            _BOUNDS[text] = le
+    return le
+
+
 def _num(value: str | None, kind=float):
     if value is None or value in ("", "None", "none", "null"):
         return None
@@ -154,29 +171,33 @@ def normalize(families: dict[str, Family], max_engines: int = 64) -> dict[tuple[
     misbehaving upstream cannot blow up our own series count.
     """
     fams = {(n.replace(_RAY, "vllm:", 1) if n.startswith(_RAY) else n): f for n, f in families.items()}
-    keys: dict[tuple[str, str], tuple[str, str]] = {}
+    by_raw: dict[tuple[str, str], EngineSnapshot] = {}  # as labelled; beyond max_engines they share one
     out: dict[tuple[str, str], EngineSnapshot] = {}
+    isfinite = math.isfinite
 
     def snap(labels: dict[str, str]) -> EngineSnapshot:
         raw = (labels.get("model_name", ""), labels.get("engine", "0"))
-        key = keys.get(raw)
-        if key is None:
-            key = keys[raw] = raw if len(keys) < max_engines else (OVERFLOW, OVERFLOW)
-        s = out.get(key)
+        s = by_raw.get(raw)
         if s is None:
-            s = out[key] = EngineSnapshot(*key)
+            key = raw if len(by_raw) < max_engines else (OVERFLOW, OVERFLOW)
+            s = out.get(key)
+            if s is None:
+                s = out[key] = EngineSnapshot(*key)
+            by_raw[raw] = s
         return s
 
     for canon, names in GAUGES.items():
         fam = next((fams[n] for n in names if n in fams and fams[n].samples), None)
         if fam is None:
             continue
+        # Ratios fold by max (an overflow bucket must not read above 1); counts add.
+        fold_max = canon.endswith(("ratio", "rate"))
         for smp in fam.samples:
-            if not math.isfinite(smp.value):
+            v = smp.value
+            if not isfinite(v):
                 continue
             g = snap(smp.labels).gauges
-            # Ratios fold by max (an overflow bucket must not read above 1); counts add.
-            g[canon] = max(g.get(canon, 0.0), smp.value) if canon.endswith(("ratio", "rate")) else g.get(canon, 0.0) + smp.value
+            g[canon] = max(g.get(canon, 0.0), v) if fold_max else g.get(canon, 0.0) + v
 
     fam = fams.get(WAITING_BY_REASON)
     if fam is not None:
@@ -208,16 +229,21 @@ def normalize(families: dict[str, Family], max_engines: int = 64) -> dict[tuple[
         if fam is None:
             continue
         acc: dict[tuple[str, str], tuple[dict[float, float], list[float]]] = {}
+        acc_raw: dict[tuple[str, str], tuple[dict[float, float], list[float]]] = {}  # the same, by raw labels
         for smp in fam.samples:
             name = smp.name
             if name.endswith("_created"):
                 continue
-            es = snap(smp.labels)
-            buckets, sc = acc.setdefault((es.model_name, es.engine), ({}, [0.0, 0.0]))
+            labels = smp.labels
+            raw = (labels.get("model_name", ""), labels.get("engine", "0"))
+            entry = acc_raw.get(raw)
+            if entry is None:
+                es = snap(labels)
+                entry = acc_raw[raw] = acc.setdefault((es.model_name, es.engine), ({}, [0.0, 0.0]))
+            buckets, sc = entry
             if name.endswith("_bucket"):
-                try:
-                    le = float(smp.labels.get("le", ""))
-                except ValueError:
+                le = _bound(labels.get("le", ""))
+                if le is None:
                     continue
                 buckets[le] = buckets.get(le, 0.0) + smp.value
             elif name.endswith("_sum"):
