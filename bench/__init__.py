@@ -1,0 +1,1 @@
+"""kvwatch's performance benchmark: ``python -m bench`` (see bench/README.md)."""
