@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from kvwatch.diagnose import Diagnosis, Hints, Thresholds, diagnose_engine
 from kvwatch.logs.records import Event, StatsRecord
-from kvwatch.normalize import CacheConfig, EngineSnapshot, Histogram
+from kvwatch.normalize import CacheConfig, EngineSnapshot
 from kvwatch.window import RECENT, EngineHistory, summarize
 
 __all__ = ["LogAnalyzer", "RecordResult", "ServerConfig"]
@@ -162,6 +162,8 @@ class _Engine:
     steps: float = 0.0
     step_tokens: float = 0.0
     has_steps: bool = False
+    steps_at_last: float = 0.0
+    step_tokens_at_last: float = 0.0
     last_t: float | None = None
     gaps: list[float] = field(default_factory=list)
     v0_counter_at_last: int = 0
@@ -182,6 +184,7 @@ class LogAnalyzer:
         self.engines: dict[str, _Engine] = {}
         self.records_since_start = 0
         self.v0_counter = 0  # highest total_num_cumulative_preemption seen since the server started
+        self.v0_counter_line = 0
         self.v0_swap_preemption = False
         self.clock: str | None = None  # "collector" or "vllm": which timestamps this log's records carry
         self.results: list[RecordResult] = []
@@ -196,7 +199,7 @@ class LogAnalyzer:
             c.start_line = ev.line
         d = ev.data
         if ev.kind == "config":
-            c.engine_version = d.get("engine_version") or c.engine_version
+            c.engine_version = d.get("engine_version") or "0"
             c.version = d.get("version") or c.version
         elif ev.kind == "api_version":
             c.version = c.version or d["version"]
@@ -234,7 +237,8 @@ class LogAnalyzer:
             rank = int(d["engine"]) if d.get("engine") else ev.dp_rank
             c.blocks[rank] = Known(d["num_gpu_blocks"], ev.line, "num_gpu_blocks line")
         elif ev.kind == "preemption":
-            self.v0_counter = max(self.v0_counter, d["counter"])
+            if d["counter"] > self.v0_counter:
+                self.v0_counter, self.v0_counter_line = d["counter"], ev.line
             if d.get("mode") == "SWAP":
                 self.v0_swap_preemption = True
         elif ev.kind == "iteration":
@@ -301,15 +305,11 @@ class LogAnalyzer:
             gauges["requests_swapped"] = float(rec.requests_swapped)
         if rec.requests_deferred is not None:
             gauges["requests_waiting_deferred"] = float(rec.requests_deferred)
-        hists = {}
-        if e.has_steps:
-            hists["iteration_tokens"] = Histogram((math.inf,), [e.steps], e.step_tokens, e.steps)
         snap = EngineSnapshot(
             e.history.model_name,
             rec.engine,
             gauges=gauges,
             counters={"prompt_tokens": e.prompt, "generation_tokens": e.generation},
-            histograms=hists,
             cache=cache,
         )
         e.history.add(t, snap)
@@ -319,6 +319,11 @@ class LogAnalyzer:
         s.prompt_tokens_all_per_second = None
         s.generation_tokens_per_second = rec.generation_tokens_per_second
         s.prefix_cache_hit_ratio = rec.prefix_cache_hit_ratio
+        steps = e.steps - e.steps_at_last  # iteration-detail lines since the last record of this engine
+        if steps > 0:
+            s.engine_step_tokens = (e.step_tokens - e.step_tokens_at_last) / steps
+            s.steps_per_second = steps / interval
+        e.steps_at_last, e.step_tokens_at_last = e.steps, e.step_tokens
         preemptions = None
         if rec.fmt == "v1" and rec.preemptions is not None:
             preemptions = rec.preemptions
@@ -349,13 +354,13 @@ class LogAnalyzer:
         )
 
     def hint_source(self, key: str) -> str | None:
-        """Where a hint came from, for people: 'the command line' or 'line 12 (start-up arguments)'."""
+        """Where a hint came from, for people: 'the command line' or 'line 12, start-up arguments'."""
         if getattr(self.cli_hints, key):
             return "the command line"
         k = self.config.known.get(key)
         if key == "max_model_len" and k is None:
             k = self.config.max_model_len()
-        return None if k is None else f"line {k.line} ({k.how})"
+        return None if k is None else f"line {k.line}, {k.how}"
 
     def _notes(self, rec, d: Diagnosis, hints: Hints, preemptions, interval, cap_from, cap_how, e) -> list[str]:
         """What the log said that the core does not phrase, and what it could not say."""
@@ -376,6 +381,10 @@ class LogAnalyzer:
                 else:
                     notes.append("no preemption warning in this interval (vLLM V0 warns only at the 1st, 51st, "
                                  "101st ... preemption)")
+            if rec.fmt == "v0" and preemptions:
+                notes.append(f"preemptions from vLLM's warning total_num_cumulative_preemption={self.v0_counter} "
+                             f"(line {self.v0_counter_line}); V0 warns at the 1st, 51st, 101st ... preemption, so the "
+                             "count since the previous warning is put in this interval")
             if rec.fmt == "v0" and self.v0_swap_preemption:
                 notes.append("vLLM warned of preemption by SWAP: requests were moved to CPU swap space")
         if rec.kv_fetch is not None and any(rec.kv_fetch):
@@ -387,7 +396,12 @@ class LogAnalyzer:
                          "how far max_num_seqs or max_model_len could move, cannot be estimated")
         if d.bottleneck == "max_num_seqs" and d.max_num_seqs and d.max_num_seqs[1] == "configured":
             src = self.hint_source("max_num_seqs")
-            if src:
+            if rec.aggregated_engines:
+                per = d.max_num_seqs[0] // rec.aggregated_engines
+                notes.append(f"Running and Waiting are summed over {rec.aggregated_engines} engines "
+                             f"(--aggregate-engine-logging): max_num_seqs={per} per engine from {src}, "
+                             f"{d.max_num_seqs[0]} in all")
+            elif src:
                 notes.append(f"max_num_seqs={d.max_num_seqs[0]} from {src}")
         if d.bottleneck == "max_num_seqs" and d.max_num_seqs and d.max_num_seqs[1] == "inferred":
             notes.append("the log shows no --max-num-seqs (no start-up arguments, or it was left at its default): "

@@ -77,30 +77,35 @@ _F = {
     # Case matters: V1's optional "External prefix cache hit rate" is lower-case and is not this field.
     "prefix": re.compile(_words("Prefix cache hit rate") + r"\s*:\s*" + _NUM + r"\s*%"),
 }
-_ASCTIME = re.compile(r"\b(?:INFO|WARNING|WARN|DEBUG|ERROR|CRITICAL)\s+(\d\d)-(\d\d)\s+(\d\d):(\d\d):(\d\d)(?:[.,](\d+))?")
+_ASCTIME = re.compile(r"\b(?:INFO|WARNING|WARN|DEBUG|ERROR|CRITICAL)\s*(\d\d)-(\d\d)\s*(\d\d):(\d\d):(\d\d)(?:[.,](\d+))?")
 _PROC = re.compile(r"\((\w+?)(?:_DP(\d+))?\s+pid=\d+\)")
 
 # Events: everything that is not a stats record but changes how the next records read.
+def _rx(pattern: str) -> re.Pattern:
+    """A pattern whose literal spaces may be missing (a paste re-wrapped the line and the join lost them)."""
+    return re.compile(pattern.replace(" ", r"\s*"))
+
+
 _E = {
-    "config": re.compile(r"Initializing\s+(?:a\s+V(\d)\s+|an\s+)LLM\s+engine\s*(?:\(v([^)\s]+)\)\s*)?with\s+config:"),
-    "nondefault": re.compile(r"non-default args:\s*(\{.*)"),
-    "namespace": re.compile(r"\bargs:\s*Namespace\((.*)"),
-    "api_version": re.compile(r"vLLM API server version\s+([\w.+-]+)"),
-    "chunked": re.compile(r"Chunked prefill is enabled with max_num_batched_tokens=(\d+)"),
-    "defaulting": re.compile(r"Defaulting (max_num_batched_tokens|max_num_seqs) to (\d+)"),
-    "kv_size": re.compile(r"(?:\b([A-Z]{2,5})(?:\s*\+\s*host)?\s+)?KV cache size:\s*([\d,]+)\s*tokens"),
-    "concurrency": re.compile(r"Maximum concurrency for\s*([\d,]+)\s*tokens per request:\s*" + _NUM + r"\s*x"),
-    "blocks": re.compile(r"#\s*(\w+)\s+blocks:\s*(\d+),\s*#\s*CPU\s+blocks:\s*(\d+)"),
-    "num_gpu_blocks": re.compile(r"(?:Engine\s*(\d+)\s*:\s*)?(?:\d+ Engines: )?vllm cache_config_info with initialization after num_gpu_blocks is:\s*(\d+)"),
-    "override_blocks": re.compile(r"Overriding num_gpu_blocks=(\d+) with num_gpu_blocks_override=(\d+)"),
-    "preemption": re.compile(
+    "config": _rx(r"Initializing\s*(?:a\s*V(\d)\s*|an\s*)LLM\s*engine\s*(?:\(v([^)\s]+)\)\s*)?with\s*config:"),
+    "nondefault": _rx(r"non-default args:\s*(\{.*)"),
+    "namespace": _rx(r"\bargs:\s*Namespace\((.*)"),
+    "api_version": _rx(r"vLLM API server version\s*([\w.+-]+)"),
+    "chunked": _rx(r"Chunked prefill is enabled with max_num_batched_tokens=(\d+)"),
+    "defaulting": _rx(r"Defaulting (max_num_batched_tokens|max_num_seqs) to (\d+)"),
+    "kv_size": _rx(r"(?:\b([A-Z]{2,5})(?:\s*\+\s*host)?\s*)?KV cache size:\s*([\d,]+)\s*tokens"),
+    "concurrency": _rx(r"Maximum concurrency for\s*([\d,]+)\s*tokens per request:\s*" + _NUM + r"\s*x"),
+    "blocks": _rx(r"#\s*(\w+)\s*blocks:\s*(\d+),\s*#\s*CPU\s*blocks:\s*(\d+)"),
+    "num_gpu_blocks": _rx(r"(?:Engine\s*(\d+)\s*:\s*)?(?:\d+ Engines: )?vllm cache_config_info with initialization after num_gpu_blocks is:\s*(\d+)"),
+    "override_blocks": _rx(r"Overriding num_gpu_blocks=(\d+) with num_gpu_blocks_override=(\d+)"),
+    "preemption": _rx(
         r"(?:preempted by PreemptionMode\.(\w+) mode.*?)?total_num_cumulative_preemption=(\d+)(?!\d)"
     ),
-    "iteration": re.compile(
+    "iteration": _rx(
         r"(?:Engine\s*(\d+)\s*:\s*)?Iteration\((\d+)\):\s*(\d+) context requests, (\d+) context tokens, "
         r"(\d+) generation requests, (\d+) generation tokens, iteration elapsed time: ([\d.]+) ms( \(dummy\))?"
     ),
-    "v0_prefix": re.compile(_words("Prefix cache hit rate") + r"\s*:\s*GPU\s*:\s*" + _NUM + r"\s*%\s*,\s*CPU\s*:\s*" + _NUM + r"\s*%"),
+    "v0_prefix": _rx(_words("Prefix cache hit rate") + r"\s*:\s*GPU\s*:\s*" + _NUM + r"\s*%\s*,\s*CPU\s*:\s*" + _NUM + r"\s*%"),
 }
 # Keys of vLLM's engine config line that matter here; searched on every line because the config line is
 # thousands of characters long and a terminal wraps it.
@@ -200,8 +205,8 @@ def parse_segment(seg: str) -> Parsed:
             continue
         fields[name] = m.groups() if name == "kv_fetch" else m[1]
         end = max(end, m.end())
-    tail = seg[end:]
-    clean = tail.strip(" \t,.%") == ""
+    tail = seg[end:].strip()
+    clean = tail in ("", ".")  # V0 ends with a period; a comma means a field follows
     return Parsed(fields, end, clean, seg)
 
 
@@ -259,8 +264,17 @@ def _num(s: str) -> int:
     return int(s.replace(",", ""))
 
 
+# Every event pattern contains one of these: most lines (access logs) are dismissed by one search.
+_EVENT_HINT = re.compile(
+    r"args|Initializing|version|Chunked|Defaulting|size|concurrency|blocks|preempt|Iteration|GPU|"
+    r"_len=|dtype=|caching=|model_name=|device_config="
+)
+
+
 def _events(text: str, line: int, skip: frozenset = frozenset()) -> list[tuple[int, Event]]:
     """Every non-record event in ``text``, with its position."""
+    if _EVENT_HINT.search(text) is None:
+        return []
     rank = _dp_rank(text)
     found: list[tuple[int, Event]] = []
     for kind, rx in _E.items():
@@ -309,23 +323,73 @@ def _events(text: str, line: int, skip: frozenset = frozenset()) -> list[tuple[i
     return found
 
 
-_ANCHOR_WORD = "Avgpromptthroughput:"
+# Where a line that vLLM wrote may begin what we read: a record's anchor or an event's first words.
+_MARKERS = re.compile(
+    "|".join(
+        p.replace(" ", r"\s*")
+        for p in (
+            r"non-default args:", r"\bargs: Namespace\(", r"LLM engine (?:\(v[^)]*\) )?with config:",
+            r"KV cache size:", r"Maximum concurrency for", r"# ?\w+ blocks:", r"num_gpu_blocks is:",
+            r"Overriding num_gpu_blocks", r"is preempted by", r"total_num_cumulative_preemption",
+            r"Iteration\(", r"Prefix cache hit rate: GPU", r"Chunked prefill is enabled",
+            r"Defaulting max_num", r"vLLM API server version",
+        )
+    )
+)
+# The same, whitespace removed, to tell whether a line was cut inside one ("... [loggers.py:335] Engine 000: Avg pr").
+_MARKER_WORDS = (
+    "Engine000:Avgpromptthroughput:", "Avgpromptthroughput:", "non-defaultargs:", "args:Namespace(",
+    "InitializingaV1LLMengine", "InitializinganLLMengine", "GPUKVcachesize:", "CPUKVcachesize:",
+    "XPUKVcachesize:", "KVcachesize:", "Maximumconcurrencyfor", "#GPUblocks:", "#cudablocks:",
+    "Chunkedprefillisenabled", "vLLMAPIserverversion", "Prefixcachehitrate:GPU", "Engine000:Iteration(",
+    "Engine000:vllmcache_config_info", "vllmcache_config_info", "Overridingnum_gpu_blocks", "Defaultingmax_num",
+    "EnginesAggregated:Avgpromptthroughput:",
+)
+# The start of vLLM's line header, cut by a narrow wrap: "(APIServer pid=23309) INFO 12-01 10:22:2".
+_HEADER_FRAG = re.compile(
+    r"^\s*(?:\(\w*(?:\s+pid=\d*\)?)?\s*)?"
+    r"(?:(?:INFO|WARNING|WARN|DEBUG|ERROR|CRITICAL)\b\s*(?:\d\d?(?:-\d{0,2}(?:\s+[\d:]{0,8}(?:[.,]\d*)?)?)?)?\s*"
+    r"(?:\[?[\w.]*(?::\d*)?)?)?$"
+)
+_HEADER_HINT = re.compile(r"pid=|\b(?:INFO|WARNING|WARN|DEBUG|ERROR|CRITICAL)\s+\d")
+# A line that starts a log line of its own, so it does not continue a cut one.
+_LOG_START = re.compile(
+    r"^\s*(?:\(\w+\s+pid=\d+\)|(?:INFO|WARNING|WARN|DEBUG|ERROR|CRITICAL)(?::|\s+\d\d-\d\d)"
+    r"|\d{4}-\d\d-\d\d[T ]\d\d:|\[\d{4}-|[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d )"
+)
 
 
-def _could_start_record(text: str) -> bool:
-    """Does this line end where a record begins, cut by a wrap ('... [loggers.py:335] Engine 000: Avg pr')?"""
-    cut = max(text.rfind("] "), text.rfind("]"))
+def _header_fragment(text: str) -> bool:
+    return len(text) < 120 and _HEADER_FRAG.match(text) is not None and _HEADER_HINT.search(text) is not None
+
+
+def _cut_marker(text: str) -> bool:
+    """Does this line end where something we read begins, cut by a wrap (the message after vLLM's
+    header being the first letters of a record or of a start-up line)?"""
+    cut = text.rfind("]")
     if cut < 0:
         return False
     tail = re.sub(r"\s+", "", text[cut + 1 :])
     if len(tail) > 40:
         return False
-    if "Engine".startswith(tail):  # also the empty tail: the message itself starts on the next line
+    tail = re.sub(r"^Engine\d+", "Engine000", tail)
+    if re.fullmatch(r"\d{1,3}", tail):  # --aggregate-engine-logging: "2 Engines Aggregated: "
         return True
-    m = re.match(r"Engine\d*:?", tail)
-    if m:
-        tail = tail[m.end() :]
-    return _ANCHOR_WORD.startswith(tail)
+    tail = re.sub(r"^\d+(?=E)", "", tail)
+    return any(w.startswith(tail) for w in _MARKER_WORDS)  # the empty tail too: the message is on the next line
+
+
+_FIELDISH = re.compile(r"[A-Za-z0-9 .,:%/+-]{1,80}")
+
+
+def _fieldish(tail: str) -> bool:
+    """Could this be the start of a stats field cut by a wrap ('Avg generation throughput: 1320.4 tokens/')?"""
+    return _FIELDISH.fullmatch(tail.strip()) is not None
+
+
+def _continues(text: str) -> bool:
+    """Could this line be the rest of a line that a terminal or a paste wrapped?"""
+    return bool(text.strip()) and _LOG_START.match(text) is None and not _header_fragment(text)
 
 
 @dataclass(slots=True)
@@ -346,63 +410,93 @@ class _Held:
 class Assembler:
     """Logical lines in, stats records and events out, in log order.
 
-    The last record seen is *held* until the next line shows it is finished: a line that completes it
-    (a hard wrap), V0's prefix-cache line that belongs to it, or anything else. Incomplete records are
-    dropped and their line numbers kept in ``skipped``.
+    Three things wait for the next line before they are read:
+    - a *fragment*: a line that ends inside vLLM's header or inside the first words of a record or
+      start-up line (a wrap cut it there); it is joined to the next line;
+    - an *event line* (start-up, preemption warning, iteration detail): lines that do not start a log
+      line of their own are joined to it (a wrapped start-up line is thousands of characters long);
+    - the last *record*: a line that adds a field to it (a hard wrap) is joined, V0's prefix-cache line
+      that belongs to it is attached, anything else finishes it. Incomplete records are dropped and
+      their line numbers kept in ``skipped``.
     """
 
-    MAX_JOINS = 12
+    MAX_JOINS = 12  # physical lines a record may be wrapped over
+    MAX_EVENT_JOINS = 80  # a start-up config line of ~4000 characters at a 50-column wrap
+    MAX_FRAG_JOINS = 4
     V0_PATIENCE = 3  # lines a V0 record waits for its "Prefix cache hit rate: GPU: ..." line
 
     def __init__(self):
         self.held: _Held | None = None
         self.pending: list[Event] = []  # events after the held record, emitted after it
-        self.frag: Logical | None = None  # a line that ends where a record begins
+        self.frag: Logical | None = None
+        self.frag_joins = 0
+        self.event_line: Logical | None = None
+        self.event_joins = 0
         self.skipped: list[int] = []
 
     # ------------------------------------------------------------------ public
 
     def feed(self, lg: Logical) -> list[StatsRecord | Event]:
         out: list[StatsRecord | Event] = []
+        if self.event_line is not None:
+            e = self.event_line
+            if self.event_joins < self.MAX_EVENT_JOINS and _continues(lg.text) and not ANCHOR.search(lg.text) and not _MARKERS.search(lg.text):
+                self.event_line = Logical(e.text + lg.text.lstrip(), e.line, e.ts)
+                self.event_joins += 1
+                return out
+            self.event_line = None
+            out += self._feed_one(e, allow_hold=False)
         if self.frag is not None:
             f, self.frag = self.frag, None
             joined = f.text + lg.text.lstrip()
-            first = ANCHOR.search(joined)
-            if first is not None and first.start() <= len(f.text):
+            first = [m.start() for m in (ANCHOR.search(joined), _MARKERS.search(joined)) if m is not None]
+            starts_something = bool(first) and min(first) <= len(f.text)
+            continues_header = _header_fragment(f.text) and _LOG_START.match(lg.text) is None
+            if starts_something or continues_header:
                 lg = Logical(joined, f.line, f.ts if f.ts is not None else lg.ts)
+                self.frag_joins += 1
             else:
-                out += self._feed_one(f, allow_frag=False)
+                self.frag_joins = 0
+                out += self._feed_one(f, allow_hold=False)
+        else:
+            self.frag_joins = 0
         return out + self._feed_one(lg)
 
     def flush(self) -> list[StatsRecord | Event]:
         out: list[StatsRecord | Event] = []
+        if self.event_line is not None:
+            e, self.event_line = self.event_line, None
+            out += self._feed_one(e, allow_hold=False)
         if self.frag is not None:
             f, self.frag = self.frag, None
-            out += self._feed_one(f, allow_frag=False)
+            out += self._feed_one(f, allow_hold=False)
         return out + self._finalize()
 
     @property
     def holding(self) -> bool:
-        return self.held is not None or self.frag is not None
+        return self.held is not None or self.frag is not None or self.event_line is not None
 
     # ------------------------------------------------------------------ internals
 
-    def _feed_one(self, lg: Logical, allow_frag: bool = True) -> list[StatsRecord | Event]:
+    def _feed_one(self, lg: Logical, allow_hold: bool = True) -> list[StatsRecord | Event]:
         out: list[StatsRecord | Event] = []
+        has_anchor = ANCHOR.search(lg.text) is not None
         h = self.held
         if h is not None:
-            if not (h.parsed.complete and h.parsed.clean) and h.joins < self.MAX_JOINS:
+            # A line that does not start a log line of its own may be the rest of a wrapped record:
+            # taken if it adds a field (or ends a cut one), else the record is finished.
+            if h.joins < self.MAX_JOINS and _continues(lg.text):
                 cont = lg.text.lstrip()
                 joined = h.text + cont
-                anchors = list(ANCHOR.finditer(joined))
-                later = [a for a in anchors if a.start() > 0]
-                end = later[0].start() if later else len(joined)
+                later = [a.start() for a in ANCHOR.finditer(joined) if a.start() > 0]
+                end = later[0] if later else len(joined)
                 p = parse_segment(joined[:end])
-                if p.score > h.parsed.score:
+                cut = not (h.parsed.complete and h.parsed.clean)
+                if p.score > h.parsed.score or (cut and _fieldish(p.text[p.end :])):
                     h.text, h.parsed, h.joins = joined[:end], p, h.joins + 1
-                    consumed = end - (len(joined) - len(cont))  # how much of this line the record took
-                    self.pending += [e for _, e in _events(cont[: max(0, consumed)], lg.line)]
-                    rest = cont[max(0, consumed) :]
+                    consumed = max(0, end - (len(joined) - len(cont)))  # how much of this line the record took
+                    self.pending += [e for _, e in _events(cont[:consumed], lg.line)]
+                    rest = cont[consumed:]
                     if rest.strip():
                         out += self._fresh(Logical(rest, lg.line, lg.ts))
                     return out
@@ -412,16 +506,32 @@ class Assembler:
                     h.v0_prefix = float(m[1])
                     out += self._finalize()
                     return out + self._fresh(lg, skip=frozenset({"v0_prefix"}))
-                if h.waited < self.V0_PATIENCE and ANCHOR.search(lg.text) is None and not any(
-                    e.kind in START_KINDS for _, e in _events(lg.text, lg.line)
+                if allow_hold and not has_anchor:
+                    # A cut or wrapped line (maybe V0's prefix line): read it whole first, the record waits.
+                    if self.frag_joins < self.MAX_FRAG_JOINS and (_cut_marker(lg.text) or _header_fragment(lg.text)):
+                        self.frag = lg
+                        return out
+                    if _MARKERS.search(lg.text):
+                        self.event_line, self.event_joins = lg, 0
+                        return out
+                if (
+                    h.waited < self.V0_PATIENCE
+                    and not has_anchor
+                    and not _MARKERS.search(lg.text)
+                    and not _cut_marker(lg.text)
+                    and not _header_fragment(lg.text)
                 ):
                     h.waited += 1
                     self.pending += [e for _, e in _events(lg.text, lg.line)]
                     return out
             out += self._finalize()
-        if allow_frag and ANCHOR.search(lg.text) is None and _could_start_record(lg.text):
-            self.frag = lg
-            return out
+        if allow_hold and not has_anchor:
+            if self.frag_joins < self.MAX_FRAG_JOINS and (_cut_marker(lg.text) or _header_fragment(lg.text)):
+                self.frag = lg
+                return out
+            if _MARKERS.search(lg.text):
+                self.event_line, self.event_joins = lg, 0
+                return out
         return out + self._fresh(lg)
 
     def _fresh(self, lg: Logical, skip: frozenset = frozenset()) -> list[StatsRecord | Event]:

@@ -86,7 +86,8 @@ def render_report(name: str, an: LogAnalyzer, skipped: list[int], max_spans: int
     out = [f"kvwatch logs: {name}"]
     if len(an.configs) > 1:
         starts = [str(c.start_line) for c in an.configs if c.start_line is not None]
-        out.append(f"the server started {len(starts)} times in this log (lines {', '.join(starts)}); "
+        shown = ", ".join(starts[:5]) + (f", ... {starts[-1]}" if len(starts) > 5 else "")
+        out.append(f"the server started {len(starts)} times in this log (lines {shown}); "
                    "what follows describes the last run's start-up")
     out += [f"  {line}" for line in an.describe_config()]
     engines = sorted({r.record.engine for r in results})
