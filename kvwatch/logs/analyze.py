@@ -265,7 +265,9 @@ class LogAnalyzer:
 
     def _time(self, rec: StatsRecord, e: _Engine, typical: float) -> float:
         if self.clock is None:
-            self.clock = "collector" if rec.collector_time is not None else ("vllm" if rec.vllm_time is not None else "none")
+            # vLLM's own header time belongs to the record even when records are glued to other lines;
+            # a collector's time is per physical line. One clock for the whole log: they differ in zone.
+            self.clock = "vllm" if rec.vllm_time is not None else ("collector" if rec.collector_time is not None else "none")
         t = rec.collector_time if self.clock == "collector" else rec.vllm_time if self.clock == "vllm" else None
         if t is not None and e.last_t is not None and self.clock == "vllm":
             while t < e.last_t - 86400:  # vLLM prints no year: a log across New Year
