@@ -591,10 +591,10 @@ def _record(h: _Held) -> StatsRecord:
         requests_waiting=int(f["waiting"] if "waiting" in f else f["pending"]),
         requests_swapped=int(f["swapped"]) if "swapped" in f else (0 if fmt == "v0" else None),
         requests_deferred=int(f["deferred"]) if "deferred" in f else None,
-        kv_cache_usage_ratio=kv[0] / 100.0 if kv else None,
+        kv_cache_usage_ratio=round(kv[0] / 100.0, 6) if kv else None,
         kv_device=kv[1] if kv else None,
-        cpu_swap_usage_ratio=f["cpu_kv"] / 100.0 if fmt == "v0" and "cpu_kv" in f else None,
-        prefix_cache_hit_ratio=(float(f["prefix"]) / 100.0) if "prefix" in f else None,
+        cpu_swap_usage_ratio=round(f["cpu_kv"] / 100.0, 6) if fmt == "v0" and "cpu_kv" in f else None,
+        prefix_cache_hit_ratio=round(float(f["prefix"]) / 100.0, 6) if "prefix" in f else None,
         preemptions=int(f["preemptions"]) if "preemptions" in f else None,
         kv_fetch=tuple(int(x) for x in f["kv_fetch"]) if "kv_fetch" in f else None,
         aggregated_engines=h.aggregated,
@@ -603,5 +603,5 @@ def _record(h: _Held) -> StatsRecord:
         collector_time=h.lg_ts,
     )
     if fmt == "v0" and h.v0_prefix is not None:
-        rec.prefix_cache_hit_ratio = h.v0_prefix / 100.0
+        rec.prefix_cache_hit_ratio = round(h.v0_prefix / 100.0, 6)
     return rec
