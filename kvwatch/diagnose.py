@@ -245,26 +245,41 @@ def diagnose_engine(s: Signals, hints: Hints = Hints(), th: Thresholds = Thresho
             d.recommendations.append(Recommendation("add_replica", "more engines share the prefill load"))
             return d
 
+    peak = s.running_max_waiting or 0.0
+    if seqs_ceiling and peak >= max(1.0, 0.75 * seqs_ceiling):
+        # Running reads below the ceiling now, but came close to it in the window while requests waited,
+        # with KV and token budget to spare: real vLLM's 1-s Running samples read low (one request
+        # finishing, the next not yet counted) while every slot is in use.
+        d.bottleneck = "max_num_seqs"
+        ev.append(
+            f"{_n(waiting)} requests waiting; Running peaked at {_n(peak)} of max_num_seqs={seqs_ceiling} "
+            f"(configured) over the last {s.waiting_samples} samples with a queue"
+        )
+        ev.append(_kv_room(s))
+        d.recommendations.extend(_seqs_recommendations(s, seqs_ceiling))
+        return d
     if seqs_ceiling:
-        # A ceiling is known, Running is below it, KV and steps have room: requests are on their way in.
+        # A ceiling is known, Running stayed below it, KV and steps have room: requests are on their way in.
         ev.append(
             f"{_n(waiting)} waiting with {_n(running)} of max_num_seqs={seqs_ceiling} running, KV and token budget "
             "not binding: admission in progress"
         )
         return d
-    if waiting < 2 and s.running_plateau is None:
+    if waiting < 2 and s.waiting_samples < 2:
         ev.append(f"{_n(waiting)} request waiting briefly; no limit binding")
         return d
-    # No hint: by elimination, the sequence ceiling. A plateau over several samples makes it firm.
-    ceiling = s.running_plateau or int(s.running_recent_max or running)
+    # No hint: by elimination, the sequence ceiling, inferred as Running's peak while requests waited.
+    ceiling = int(s.running_max_waiting or s.running_recent_max or running)
     d.bottleneck = "max_num_seqs"
     d.max_num_seqs = (ceiling, "inferred")
-    how = (
-        f"held at {ceiling} over the last {min(s.samples, 3)} samples"
-        if s.running_plateau
-        else f"at {ceiling} (one sample so far)"
-    )
-    ev.append(f"{_n(waiting)} requests waiting while Running is {how}: inferred max_num_seqs={ceiling} (no hint given)")
+    if s.waiting_samples >= 2:
+        how = (
+            f"Running peaked at {ceiling} ({s.running_at_max_samples} of {s.waiting_samples} samples with a queue "
+            f"in the last {s.span_seconds:.0f} s)"
+        )
+    else:
+        how = f"Running is {ceiling} (one sample so far)"
+    ev.append(f"{_n(waiting)} requests waiting while {how}: inferred max_num_seqs={ceiling} (no hint given)")
     ev.append(_kv_room(s))
     d.recommendations.extend(_seqs_recommendations(s, ceiling))
     return d

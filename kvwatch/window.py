@@ -133,7 +133,12 @@ class Signals:
     requests_swapped: float | None = None
     running_mean: float | None = None
     running_recent_max: float | None = None
-    running_plateau: int | None = None  # running pinned at one value while requests waited, over >= RECENT samples
+    # Highest Running while requests waited, over the window. Running can never exceed max_num_seqs, but a
+    # 1-s sample of real vLLM can read below it while every slot is busy: the peak, not the last value,
+    # is the ceiling.
+    running_max_waiting: float | None = None
+    running_at_max_samples: int = 0  # samples (with requests waiting) that read that peak
+    waiting_samples: int = 0  # samples in the window with requests waiting
     waiting_mean: float | None = None
     prompt_tokens_per_second: float | None = None  # prefill work done (cached tokens excluded when known)
     prompt_tokens_all_per_second: float | None = None
@@ -233,14 +238,11 @@ def summarize(history: EngineHistory, now: float, window_seconds: float) -> Sign
     if running:
         s.running_mean = sum(running) / len(running)
         s.running_recent_max = max(p.gauges.get("requests_running", 0.0) for p in recent)
-        rr = [p.gauges.get("requests_running") for p in recent]
-        if (
-            len(recent) >= RECENT
-            and all(p.gauges.get("requests_waiting", 0.0) > 0 for p in recent)
-            and rr[0]
-            and all(r == rr[0] for r in rr)
-        ):
-            s.running_plateau = int(rr[0])
+        queued = [p.gauges.get("requests_running", 0.0) for p in pts if p.gauges.get("requests_waiting", 0.0) > 0]
+        s.waiting_samples = len(queued)
+        if queued:
+            s.running_max_waiting = max(queued)
+            s.running_at_max_samples = queued.count(s.running_max_waiting)
     waiting = [p.gauges["requests_waiting"] for p in pts if "requests_waiting" in p.gauges]
     if waiting:
         s.waiting_mean = sum(waiting) / len(waiting)

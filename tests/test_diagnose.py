@@ -16,7 +16,9 @@ HINTS = {
     "max_num_seqs": Hints(max_num_seqs=2, max_model_len=1024),
     "token_budget": Hints(max_num_seqs=64, max_num_batched_tokens=256, max_model_len=2048),
     "none_prefix_cache": Hints(max_num_seqs=32, max_model_len=1024),
+    "max_num_seqs_running_dips": Hints(max_num_seqs=4, max_model_len=1024),
 }
+EXPECTED = {"none_prefix_cache": "none", "max_num_seqs_running_dips": "max_num_seqs"}
 
 
 def replay(scenario, hints=Hints()):
@@ -34,7 +36,7 @@ def replay(scenario, hints=Hints()):
 @pytest.mark.parametrize("scenario", sorted(HINTS))
 def test_each_capture_is_diagnosed_as_its_folder_says(scenario, with_hints):
     timeline = replay(scenario, HINTS[scenario] if with_hints else Hints())
-    expected_while_waiting = "none" if scenario == "none_prefix_cache" else scenario
+    expected_while_waiting = EXPECTED.get(scenario, scenario)
     waiting_moments = 0
     for d in timeline:
         (e,) = d.engines
@@ -62,6 +64,14 @@ def test_kv_cache_evidence_and_advice_follow_the_config():
     assert "raise_gpu_memory_utilization" in actions  # pinned by --kv-cache-memory-bytes
     assert "lower_max_num_seqs" in actions  # preempting
     assert set(actions) <= set(ACTIONS)
+
+
+def test_a_dipping_running_gauge_does_not_lower_the_inferred_ceiling():
+    """Real vLLM reads Running 3 or 1 for a sample while all 4 slots are busy (tests/fixtures/README.md)."""
+    inferred = {d.engines[0].max_num_seqs for d in replay("max_num_seqs_running_dips") if d.bottleneck == "max_num_seqs"}
+    assert inferred >= {(4, "inferred")}
+    late = [d for d in replay("max_num_seqs_running_dips") if d.bottleneck == "max_num_seqs"][5:]
+    assert {d.engines[0].max_num_seqs for d in late} == {(4, "inferred")}
 
 
 def test_max_num_seqs_is_inferred_without_hint_and_reported_as_such():
