@@ -5,6 +5,12 @@ one deadline shorter than the scrape interval, the body is capped *after* decomp
 stops at the cap, not in memory), and every failure becomes a ``ScrapeError`` with a short ``reason``
 that ends up in ``kvwatch_scrape_errors_total{reason}``. The bearer token is read from its file on
 every scrape (so rotation works) and never logged.
+
+The client is aiohttp's (already kvwatch's server): the benchmark (bench/fanin.py) found httpx's
+connection pool spending seconds per round once ~100 targets were polled at once, where aiohttp's
+takes milliseconds. TLS trust is built exactly as httpx builds it (``httpx.create_ssl_context``:
+certifi, or ``SSL_CERT_FILE`` / ``SSL_CERT_DIR``), and proxies come from the environment
+(``HTTP_PROXY``/``HTTPS_PROXY``/``NO_PROXY``), as with httpx's defaults. No cookies are kept.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+import aiohttp
 import httpx
 
 __all__ = ["Fetcher", "ScrapeError", "REASONS"]
@@ -38,25 +45,35 @@ class FetchConfig:
 
 
 class Fetcher:
-    """One shared ``httpx.AsyncClient`` (connection reuse) for all targets."""
+    """One shared client session (connection reuse) for all targets, opened on the first fetch."""
 
     def __init__(self, cfg: FetchConfig, user_agent: str):
         self.cfg = cfg
-        self.client = httpx.AsyncClient(
-            verify=cfg.tls_verify,
-            timeout=httpx.Timeout(cfg.timeout),
-            follow_redirects=False,
-            headers={
-                "User-Agent": user_agent,
-                # We decompress ourselves, capped; say what we accept explicitly.
-                "Accept-Encoding": "gzip",
-                "Accept": "text/plain;version=0.0.4;q=1,*/*;q=0.1",
-            },
-            limits=httpx.Limits(max_connections=1000, max_keepalive_connections=1000),
-        )
+        self.headers = {
+            "User-Agent": user_agent,
+            # We decompress ourselves, capped; say what we accept explicitly.
+            "Accept-Encoding": "gzip",
+            "Accept": "text/plain;version=0.0.4;q=1,*/*;q=0.1",
+        }
+        self._ssl = httpx.create_ssl_context(verify=cfg.tls_verify)
+        self.session: aiohttp.ClientSession | None = None
+
+    def _session(self) -> aiohttp.ClientSession:
+        if self.session is None or self.session.closed:
+            self.session = aiohttp.ClientSession(
+                # Idle connections are dropped after 4 s, before uvicorn's (vLLM's) 5 s: never reuse one it is closing.
+                connector=aiohttp.TCPConnector(limit=1000, ssl=self._ssl, keepalive_timeout=4.0),
+                headers=self.headers,
+                auto_decompress=False,  # the body is inflated by _fetch, under the cap
+                cookie_jar=aiohttp.DummyCookieJar(),
+                timeout=aiohttp.ClientTimeout(total=None),  # the deadline is fetch()'s, whole
+                trust_env=True,
+            )
+        return self.session
 
     async def aclose(self) -> None:
-        await self.client.aclose()
+        if self.session is not None:
+            await self.session.close()
 
     def _headers(self) -> dict[str, str]:
         if self.cfg.bearer_token_file is None:
@@ -73,17 +90,15 @@ class Fetcher:
                 return await self._fetch(url)
         except TimeoutError:
             raise ScrapeError("timeout", f"no complete response within {self.cfg.timeout:g}s") from None
-        except httpx.TimeoutException:
-            raise ScrapeError("timeout", f"no complete response within {self.cfg.timeout:g}s") from None
-        except httpx.HTTPError as e:
+        except aiohttp.ClientError as e:
             # Exception text may carry the URL but never our headers.
             raise ScrapeError("connect", type(e).__name__ + (f": {e}" if str(e) else "")) from None
 
     async def _fetch(self, url: str) -> str:
         cap = self.cfg.max_body_bytes
-        async with self.client.stream("GET", url, headers=self._headers()) as resp:
-            if resp.status_code != 200:
-                raise ScrapeError("http_status", f"HTTP {resp.status_code}")
+        async with self._session().get(url, headers=self._headers(), allow_redirects=False) as resp:
+            if resp.status != 200:
+                raise ScrapeError("http_status", f"HTTP {resp.status}")
             encoding = resp.headers.get("content-encoding", "identity").lower().strip()
             if encoding not in ("identity", "gzip", ""):
                 raise ScrapeError("decode", f"unsupported Content-Encoding {encoding!r}")
@@ -93,7 +108,7 @@ class Fetcher:
             inflater = zlib.decompressobj(16 + zlib.MAX_WBITS) if encoding == "gzip" else None
             parts: list[bytes] = []
             size = 0
-            async for chunk in resp.aiter_raw():
+            async for chunk in resp.content.iter_any():
                 if inflater is not None:
                     data = chunk
                     while True:
