@@ -68,6 +68,7 @@ class Logical:
     text: str
     line: int  # 1-based physical line number where this logical line starts
     ts: float | None = None  # the collector's timestamp (kubectl/docker/CRI/wrapper), seconds since the epoch
+    framed: bool = False  # the collector marked it as a line of its own (a timestamp prefix, a CRI or JSON record)
 
 
 class Unframer:
@@ -81,6 +82,7 @@ class Unframer:
             raw = raw[:-1]
         ts = None
         partial = False
+        framed = False
         text = raw
         if raw.startswith("{") and '"log"' in raw:
             try:
@@ -89,17 +91,18 @@ class Unframer:
                 obj = None
             if isinstance(obj, dict) and isinstance(obj.get("log"), str):
                 text = obj["log"]
+                framed = True
                 partial = not text.endswith("\n")
                 text = text.rstrip("\n")
                 ts = parse_timestamp(obj.get("time")) if isinstance(obj.get("time"), str) else None
         else:
             m = _CRI.match(raw)
             if m:
-                ts, partial, text = parse_timestamp(m[1]), m[2] == "P", m[3] or ""
+                ts, partial, text, framed = parse_timestamp(m[1]), m[2] == "P", m[3] or "", True
             else:
                 m = _RFC3339_PREFIX.match(raw)
                 if m and (t := parse_timestamp(m[1])) is not None:
-                    ts, text = t, m[2]
+                    ts, text, framed = t, m[2], True
         if "\x1b" in text:
             text = _ANSI.sub("", text)
         if ts is None:
@@ -109,15 +112,15 @@ class Unframer:
             self._partial = None
             text, line, ts = first.text + text, first.line, first.ts if first.ts is not None else ts
         if partial:
-            self._partial = Logical(text, line, ts)
+            self._partial = Logical(text, line, ts, framed)
             return []
         # A progress bar redraws itself with \r; whatever follows the last \r is what a terminal shows,
         # but a log line may also sit between two redraws, so every piece is kept.
-        return [Logical(piece, line, ts) for piece in text.split("\r") if piece.strip()]
+        return [Logical(piece, line, ts, framed) for piece in text.split("\r") if piece.strip()]
 
     def flush(self) -> list[Logical]:
         """At the end of input: a partial chunk never completed is still text."""
         if self._partial is None:
             return []
         first, self._partial = self._partial, None
-        return [Logical(piece, first.line, first.ts) for piece in first.text.split("\r") if piece.strip()]
+        return [Logical(piece, first.line, first.ts, first.framed) for piece in first.text.split("\r") if piece.strip()]

@@ -77,7 +77,7 @@ _F = {
     # Case matters: V1's optional "External prefix cache hit rate" is lower-case and is not this field.
     "prefix": re.compile(_words("Prefix cache hit rate") + r"\s*:\s*" + _NUM + r"\s*%"),
 }
-_ASCTIME = re.compile(r"\b(?:INFO|WARNING|WARN|DEBUG|ERROR|CRITICAL)\s*(\d\d)-(\d\d)\s*(\d\d):(\d\d):(\d\d)(?:[.,](\d+))?")
+_ASCTIME = re.compile(r"(?:INFO|WARNING|WARN|DEBUG|ERROR|CRITICAL)\s*(\d\d)-(\d\d)\s*(\d\d):(\d\d):(\d\d)(?:[.,](\d+))?")
 _PROC = re.compile(r"\((\w+?)(?:_DP(\d+))?\s+pid=\d+\)")
 
 # Events: everything that is not a stats record but changes how the next records read.
@@ -159,7 +159,6 @@ class Event:
 class Parsed:
     fields: dict
     end: int  # end of the last field read, in the segment
-    clean: bool  # nothing but punctuation after the last field
     text: str
 
     @property
@@ -173,12 +172,9 @@ class Parsed:
             return False
         if "kv" in f:
             return True
-        # V1 0.7 printed nothing after "Waiting: %d reqs "; anything else there is a cut-off field.
-        return self.fmt == "v1" and self.clean and "KV" not in self.text
-
-    @property
-    def score(self) -> tuple[int, int]:
-        return len(self.fields), int(self.clean)
+        # V1 0.7 printed nothing after "Waiting: %d reqs ": a comma or a KV fragment there is a cut field.
+        tail = self.text[self.end :].strip()
+        return self.fmt == "v1" and not tail.startswith(",") and "KV" not in tail
 
 
 def parse_segment(seg: str) -> Parsed:
@@ -205,21 +201,21 @@ def parse_segment(seg: str) -> Parsed:
             continue
         fields[name] = m.groups() if name == "kv_fetch" else m[1]
         end = max(end, m.end())
-    tail = seg[end:].strip()
-    clean = tail in ("", ".")  # V0 ends with a period; a comma means a field follows
-    return Parsed(fields, end, clean, seg)
+    return Parsed(fields, end, seg)
 
 
-def _asctime(text: str) -> tuple[float | None, str | None]:
+def _asctime(text: str) -> tuple[float | None, str | None, int | None]:
+    """vLLM's header time nearest before a record: seconds (in the year 2000: vLLM prints no year),
+    'HH:MM:SS', and where the header starts in ``text``."""
     ms = list(_ASCTIME.finditer(text))
     if not ms:
-        return None, None
+        return None, None, None
     m = ms[-1]
     try:
         t = datetime(2000, int(m[1]), int(m[2]), int(m[3]), int(m[4]), int(m[5]), tzinfo=timezone.utc).timestamp()
     except ValueError:
-        return None, None
-    return t + (float("0." + m[6]) if m[6] else 0.0), f"{m[3]}:{m[4]}:{m[5]}"
+        return None, None, None
+    return t + (float("0." + m[6]) if m[6] else 0.0), f"{m[3]}:{m[4]}:{m[5]}", m.start()
 
 
 def _dp_rank(text: str) -> int | None:
@@ -323,73 +319,33 @@ def _events(text: str, line: int, skip: frozenset = frozenset()) -> list[tuple[i
     return found
 
 
-# Where a line that vLLM wrote may begin what we read: a record's anchor or an event's first words.
-_MARKERS = re.compile(
-    "|".join(
-        p.replace(" ", r"\s*")
-        for p in (
-            r"non-default args:", r"\bargs: Namespace\(", r"LLM engine (?:\(v[^)]*\) )?with config:",
-            r"KV cache size:", r"Maximum concurrency for", r"# ?\w+ blocks:", r"num_gpu_blocks is:",
-            r"Overriding num_gpu_blocks", r"is preempted by", r"total_num_cumulative_preemption",
-            r"Iteration\(", r"Prefix cache hit rate: GPU", r"Chunked prefill is enabled",
-            r"Defaulting max_num", r"vLLM API server version",
-        )
-    )
-)
-# The same, whitespace removed, to tell whether a line was cut inside one ("... [loggers.py:335] Engine 000: Avg pr").
-_MARKER_WORDS = (
-    "Engine000:Avgpromptthroughput:", "Avgpromptthroughput:", "non-defaultargs:", "args:Namespace(",
-    "InitializingaV1LLMengine", "InitializinganLLMengine", "GPUKVcachesize:", "CPUKVcachesize:",
-    "XPUKVcachesize:", "KVcachesize:", "Maximumconcurrencyfor", "#GPUblocks:", "#cudablocks:",
-    "Chunkedprefillisenabled", "vLLMAPIserverversion", "Prefixcachehitrate:GPU", "Engine000:Iteration(",
-    "Engine000:vllmcache_config_info", "vllmcache_config_info", "Overridingnum_gpu_blocks", "Defaultingmax_num",
-    "EnginesAggregated:Avgpromptthroughput:",
-)
-# The start of vLLM's line header, cut by a narrow wrap: "(APIServer pid=23309) INFO 12-01 10:22:2".
-_HEADER_FRAG = re.compile(
-    r"^\s*(?:\(\w*(?:\s+pid=\d*\)?)?\s*)?"
-    r"(?:(?:INFO|WARNING|WARN|DEBUG|ERROR|CRITICAL)\b\s*(?:\d\d?(?:-\d{0,2}(?:\s+[\d:]{0,8}(?:[.,]\d*)?)?)?)?\s*"
-    r"(?:\[?[\w.]*(?::\d*)?)?)?$"
-)
-_HEADER_HINT = re.compile(r"pid=|\b(?:INFO|WARNING|WARN|DEBUG|ERROR|CRITICAL)\s+\d")
-# A line that starts a log line of its own, so it does not continue a cut one.
+# A line that starts a log line of its own. Anything else (a piece of a line that a terminal or a paste
+# wrapped, a CRI/JSON chunk already joined, stray output without a header) belongs to the line before.
 _LOG_START = re.compile(
-    r"^\s*(?:\(\w+\s+pid=\d+\)|(?:INFO|WARNING|WARN|DEBUG|ERROR|CRITICAL)(?::|\s+\d\d-\d\d)"
+    r"^\s*(?:\(\w+\s+pid=\d+\)|(?:INFO|WARNING|WARN|DEBUG|ERROR|CRITICAL)(?::|\s*\d\d-\d\d)"
     r"|\d{4}-\d\d-\d\d[T ]\d\d:|\[\d{4}-|[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d )"
 )
 
 
-def _header_fragment(text: str) -> bool:
-    return len(text) < 120 and _HEADER_FRAG.match(text) is not None and _HEADER_HINT.search(text) is not None
-
-
-def _cut_marker(text: str) -> bool:
-    """Does this line end where something we read begins, cut by a wrap (the message after vLLM's
-    header being the first letters of a record or of a start-up line)?"""
-    cut = text.rfind("]")
-    if cut < 0:
-        return False
-    tail = re.sub(r"\s+", "", text[cut + 1 :])
-    if len(tail) > 40:
-        return False
-    tail = re.sub(r"^Engine\d+", "Engine000", tail)
-    if re.fullmatch(r"\d{1,3}", tail):  # --aggregate-engine-logging: "2 Engines Aggregated: "
-        return True
-    tail = re.sub(r"^\d+(?=E)", "", tail)
-    return any(w.startswith(tail) for w in _MARKER_WORDS)  # the empty tail too: the message is on the next line
-
-
-_FIELDISH = re.compile(r"[A-Za-z0-9 .,:%/+-]{1,80}")
-
-
-def _fieldish(tail: str) -> bool:
-    """Could this be the start of a stats field cut by a wrap ('Avg generation throughput: 1320.4 tokens/')?"""
-    return _FIELDISH.fullmatch(tail.strip()) is not None
-
-
 def _continues(text: str) -> bool:
-    """Could this line be the rest of a line that a terminal or a paste wrapped?"""
-    return bool(text.strip()) and _LOG_START.match(text) is None and not _header_fragment(text)
+    return bool(text.strip()) and _LOG_START.match(text) is None
+
+
+@dataclass(slots=True)
+class _Block:
+    """One log line as vLLM wrote it, put back together from the pieces it reached us in."""
+
+    text: str
+    ts: float | None
+    pieces: list[tuple[int, int]]  # (offset in text, physical line number)
+
+    def line_at(self, pos: int) -> int:
+        line = self.pieces[0][1]
+        for off, n in self.pieces:
+            if off > pos:
+                break
+            line = n
+        return line
 
 
 @dataclass(slots=True)
@@ -402,7 +358,6 @@ class _Held:
     vllm_time: float | None
     clock: str | None
     parsed: Parsed
-    joins: int = 0
     waited: int = 0
     v0_prefix: float | None = None
 
@@ -410,152 +365,109 @@ class _Held:
 class Assembler:
     """Logical lines in, stats records and events out, in log order.
 
-    Three things wait for the next line before they are read:
-    - a *fragment*: a line that ends inside vLLM's header or inside the first words of a record or
-      start-up line (a wrap cut it there); it is joined to the next line;
-    - an *event line* (start-up, preemption warning, iteration detail): lines that do not start a log
-      line of their own are joined to it (a wrapped start-up line is thousands of characters long);
-    - the last *record*: a line that adds a field to it (a hard wrap) is joined, V0's prefix-cache line
-      that belongs to it is attached, anything else finishes it. Incomplete records are dropped and
-      their line numbers kept in ``skipped``.
+    Lines are first put back together: a line that does not start a log line of its own (no vLLM header,
+    no uvicorn ``INFO:``, no timestamp) is the rest of the line before it, cut by a terminal or a paste,
+    and is joined to it (its leading blanks dropped). Then records are found by their anchor anywhere in
+    the line (several when they were glued together), and events by their patterns.
+
+    The last record is *held* until the next line: V0's ``Prefix cache hit rate: GPU: ...`` line that
+    follows it (within a few lines) is attached to it. Incomplete records are dropped and their line
+    numbers kept in ``skipped``.
     """
 
-    MAX_JOINS = 12  # physical lines a record may be wrapped over
-    MAX_EVENT_JOINS = 80  # a start-up config line of ~4000 characters at a 50-column wrap
-    MAX_FRAG_JOINS = 4
-    V0_PATIENCE = 3  # lines a V0 record waits for its "Prefix cache hit rate: GPU: ..." line
+    MAX_BLOCK_PIECES = 200  # a ~4000-character start-up config line wrapped at 35 columns is ~115
+    MAX_BLOCK_CHARS = 1 << 16
+    V0_PATIENCE = 3  # lines a V0 record waits for its prefix-cache line
 
     def __init__(self):
+        self.block: _Block | None = None
         self.held: _Held | None = None
         self.pending: list[Event] = []  # events after the held record, emitted after it
-        self.frag: Logical | None = None
-        self.frag_joins = 0
-        self.event_line: Logical | None = None
-        self.event_joins = 0
         self.skipped: list[int] = []
 
     # ------------------------------------------------------------------ public
 
     def feed(self, lg: Logical) -> list[StatsRecord | Event]:
-        out: list[StatsRecord | Event] = []
-        if self.event_line is not None:
-            e = self.event_line
-            if self.event_joins < self.MAX_EVENT_JOINS and _continues(lg.text) and not ANCHOR.search(lg.text) and not _MARKERS.search(lg.text):
-                self.event_line = Logical(e.text + lg.text.lstrip(), e.line, e.ts)
-                self.event_joins += 1
-                return out
-            self.event_line = None
-            out += self._feed_one(e, allow_hold=False)
-        if self.frag is not None:
-            f, self.frag = self.frag, None
-            joined = f.text + lg.text.lstrip()
-            first = [m.start() for m in (ANCHOR.search(joined), _MARKERS.search(joined)) if m is not None]
-            starts_something = bool(first) and min(first) <= len(f.text)
-            continues_header = _header_fragment(f.text) and _LOG_START.match(lg.text) is None
-            if starts_something or continues_header:
-                lg = Logical(joined, f.line, f.ts if f.ts is not None else lg.ts)
-                self.frag_joins += 1
-            else:
-                self.frag_joins = 0
-                out += self._feed_one(f, allow_hold=False)
-        else:
-            self.frag_joins = 0
-        return out + self._feed_one(lg)
+        b = self.block
+        if (
+            b is not None
+            and not lg.framed
+            and _continues(lg.text)
+            and len(b.pieces) < self.MAX_BLOCK_PIECES
+            and len(b.text) < self.MAX_BLOCK_CHARS
+        ):
+            piece = lg.text.lstrip()
+            b.pieces.append((len(b.text), lg.line))
+            b.text += piece
+            if b.ts is None:
+                b.ts = lg.ts
+            return []
+        out = self._take_block()
+        self.block = _Block(lg.text, lg.ts, [(0, lg.line)])
+        return out
 
     def flush(self) -> list[StatsRecord | Event]:
-        out: list[StatsRecord | Event] = []
-        if self.event_line is not None:
-            e, self.event_line = self.event_line, None
-            out += self._feed_one(e, allow_hold=False)
-        if self.frag is not None:
-            f, self.frag = self.frag, None
-            out += self._feed_one(f, allow_hold=False)
-        return out + self._finalize()
+        """End of input, or a pause in a stream: give out everything held."""
+        return self._take_block() + self._finalize()
 
     @property
     def holding(self) -> bool:
-        return self.held is not None or self.frag is not None or self.event_line is not None
+        return self.held is not None or self.block is not None
 
     # ------------------------------------------------------------------ internals
 
-    def _feed_one(self, lg: Logical, allow_hold: bool = True) -> list[StatsRecord | Event]:
-        out: list[StatsRecord | Event] = []
-        has_anchor = ANCHOR.search(lg.text) is not None
-        h = self.held
-        if h is not None:
-            # A line that does not start a log line of its own may be the rest of a wrapped record:
-            # taken if it adds a field (or ends a cut one), else the record is finished.
-            if h.joins < self.MAX_JOINS and _continues(lg.text):
-                cont = lg.text.lstrip()
-                joined = h.text + cont
-                later = [a.start() for a in ANCHOR.finditer(joined) if a.start() > 0]
-                end = later[0] if later else len(joined)
-                p = parse_segment(joined[:end])
-                cut = not (h.parsed.complete and h.parsed.clean)
-                if p.score > h.parsed.score or (cut and _fieldish(p.text[p.end :])):
-                    h.text, h.parsed, h.joins = joined[:end], p, h.joins + 1
-                    consumed = max(0, end - (len(joined) - len(cont)))  # how much of this line the record took
-                    self.pending += [e for _, e in _events(cont[:consumed], lg.line)]
-                    rest = cont[consumed:]
-                    if rest.strip():
-                        out += self._fresh(Logical(rest, lg.line, lg.ts))
-                    return out
-            if h.parsed.fmt == "v0" and h.parsed.complete and h.v0_prefix is None:
-                m = _E["v0_prefix"].search(lg.text)
-                if m is not None:
-                    h.v0_prefix = float(m[1])
-                    out += self._finalize()
-                    return out + self._fresh(lg, skip=frozenset({"v0_prefix"}))
-                if allow_hold and not has_anchor:
-                    # A cut or wrapped line (maybe V0's prefix line): read it whole first, the record waits.
-                    if self.frag_joins < self.MAX_FRAG_JOINS and (_cut_marker(lg.text) or _header_fragment(lg.text)):
-                        self.frag = lg
-                        return out
-                    if _MARKERS.search(lg.text):
-                        self.event_line, self.event_joins = lg, 0
-                        return out
-                if (
-                    h.waited < self.V0_PATIENCE
-                    and not has_anchor
-                    and not _MARKERS.search(lg.text)
-                    and not _cut_marker(lg.text)
-                    and not _header_fragment(lg.text)
-                ):
-                    h.waited += 1
-                    self.pending += [e for _, e in _events(lg.text, lg.line)]
-                    return out
-            out += self._finalize()
-        if allow_hold and not has_anchor:
-            if self.frag_joins < self.MAX_FRAG_JOINS and (_cut_marker(lg.text) or _header_fragment(lg.text)):
-                self.frag = lg
-                return out
-            if _MARKERS.search(lg.text):
-                self.event_line, self.event_joins = lg, 0
-                return out
-        return out + self._fresh(lg)
+    def _take_block(self) -> list[StatsRecord | Event]:
+        b, self.block = self.block, None
+        return [] if b is None else self._line(b)
 
-    def _fresh(self, lg: Logical, skip: frozenset = frozenset()) -> list[StatsRecord | Event]:
-        """A line not continuing anything held: its events, and its records (the last one is held)."""
+    def _line(self, b: _Block) -> list[StatsRecord | Event]:
         out: list[StatsRecord | Event] = []
-        text = lg.text
+        h = self.held
+        if h is not None and h.parsed.fmt == "v0" and h.v0_prefix is None:
+            first = ANCHOR.search(b.text)
+            has_anchor = first is not None
+            m = _E["v0_prefix"].search(b.text)
+            if m is not None and (first is None or m.start() < first.start()):
+                h.v0_prefix = float(m[1])
+                out += self._finalize()
+                return out + self._fresh(b, skip=frozenset({"v0_prefix"}))
+            if h.waited < self.V0_PATIENCE and not has_anchor and not any(
+                e.kind in START_KINDS or e.kind == "preemption" for _, e in _events(b.text, 0)
+            ):
+                h.waited += 1
+                self.pending += [e for _, e in _events(b.text, b.pieces[0][1])]
+                return out
+        out += self._finalize()
+        return out + self._fresh(b)
+
+    def _fresh(self, b: _Block, skip: frozenset = frozenset()) -> list[StatsRecord | Event]:
+        """A line's events, and its records (the last one is held)."""
+        out: list[StatsRecord | Event] = []
+        text = b.text
         anchors = list(ANCHOR.finditer(text))
-        events = _events(text, lg.line, skip)
+        events = [(pos, ev) for pos, ev in _events(text, 0, skip)]
+        for pos, ev in events:
+            ev.line = b.line_at(pos)
         bounds = [a.start() for a in anchors] + [len(text)]
         for pos, ev in events:
             if anchors and pos >= bounds[0]:
                 break
-            (self.pending if self.held is not None else out).append(ev)
+            out.append(ev)
         prev_end = 0
         for i, a in enumerate(anchors):
             out += self._finalize()
             seg = text[a.start() : bounds[i + 1]]
             parsed = parse_segment(seg)
-            vt, clock = _asctime(text[prev_end : a.start()])
-            self.held = _Held(
-                seg, lg.line, lg.ts, a["engine"], int(a["n"]) if a["n"] else None, vt, clock, parsed
-            )
+            head = text[prev_end : a.start()]
+            vt, clock, at = _asctime(head)
+            line = b.line_at(prev_end + at if at is not None else a.start())
+            self.held = _Held(seg, line, b.ts, a["engine"], int(a["n"]) if a["n"] else None, vt, clock, parsed)
             prev_end = a.start() + parsed.end
-            self.pending += [ev for pos, ev in events if bounds[i] <= pos < bounds[i + 1]]
+            mine = [ev for pos, ev in events if bounds[i] <= pos < bounds[i + 1]]
+            for ev in mine:
+                if ev.kind == "v0_prefix" and parsed.fmt == "v0":  # V0's prefix-cache line, glued on
+                    self.held.v0_prefix = ev.data["gpu"]
+            self.pending += [ev for ev in mine if not (ev.kind == "v0_prefix" and parsed.fmt == "v0")]
         return out
 
     def _finalize(self) -> list[StatsRecord | Event]:
