@@ -152,18 +152,21 @@ def _stdin_lines(session: LogSession, stream: BinaryIO) -> None:
 
 
 def _follow(session: LogSession, path: str) -> None:
-    """Read ``path`` to its end, then keep reading what is appended; a truncated or replaced file is
-    read again from its start (log rotation, a restarted server writing a new file)."""
-    f = open(path, "rb")
+    """Read ``path`` to its end, then keep reading what is appended. A file that was replaced (logrotate's
+    create), truncated (copytruncate) or rewritten under us is read again from its start: the bytes
+    just before our position must still be the ones we read."""
+    f = open(path, "rb")  # noqa: SIM115 - reopened on rotation, closed in finally
     ino = os.fstat(f.fileno()).st_ino
     n = 0
     partial = b""
+    seen = b""  # the last bytes read, to recognise the same file at the same place
     idle_since = None
     try:
         while True:
             chunk = f.readline(MAX_LINE)
             if chunk:
                 partial += chunk
+                seen = (seen + chunk)[-64:]
                 if partial.endswith(b"\n") or len(partial) >= MAX_LINE:
                     n += 1
                     session.feed(_decode(partial), n)
@@ -180,11 +183,18 @@ def _follow(session: LogSession, path: str) -> None:
                 st = os.stat(path)
             except OSError:
                 continue  # rotated away; the new file is not there yet
-            if st.st_ino != ino or st.st_size < f.tell():
+            pos = f.tell()
+            same = st.st_ino == ino and st.st_size >= pos
+            if same and seen:
+                try:
+                    same = os.pread(f.fileno(), len(seen), pos - len(seen)) == seen
+                except OSError:
+                    same = False
+            if not same:
                 f.close()
-                f = open(path, "rb")
+                f = open(path, "rb")  # noqa: SIM115
                 ino = os.fstat(f.fileno()).st_ino
-                n, partial = 0, b""
+                n, partial, seen = 0, b"", b""
     finally:
         if partial:
             n += 1
