@@ -112,8 +112,7 @@ class LogSession:
 
 
 def _decode(chunk: bytes) -> str:
-    text = chunk.decode("utf-8", errors="replace")
-    return text[:-1] if text.endswith("\n") else text
+    return chunk.decode("utf-8", errors="replace").removesuffix("\n")
 
 
 def _read_lines(f: BinaryIO, start: int = 0) -> Iterator[tuple[str, int]]:

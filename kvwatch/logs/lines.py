@@ -19,13 +19,13 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 
 __all__ = ["Logical", "Unframer", "parse_timestamp"]
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
-_CRI = re.compile(r"^(\d{4}-\d\d-\d\dT[\d:.]+(?:Z|[+-]\d\d:?\d\d)?) (?:stdout|stderr) ([PF])(?: (.*))?$", re.S)
-_RFC3339_PREFIX = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)?) (.*)$", re.S)
+_CRI = re.compile(r"^(\d{4}-\d\d-\d\dT[\d:.]+(?:Z|[+-]\d\d:?\d\d)?) (?:stdout|stderr) ([PF])(?: (.*))?$", re.DOTALL)
+_RFC3339_PREFIX = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)?) (.*)$", re.DOTALL)
 # A wrapper's own timestamp at the start of a line: "2024-05-20 14:33:02,123", "[2024/05/20 14:33:02]".
 _WRAPPER_TS = re.compile(r"^\W{0,3}(\d{4})[-/](\d\d)[-/](\d\d)[ T](\d\d):(\d\d):(\d\d)(?:[.,](\d+))?")
 
@@ -41,7 +41,7 @@ def parse_timestamp(text: str | None) -> float | None:
         return None
     y, mo, d, h, mi, s = (int(m[i]) for i in range(1, 7))
     frac = float("0." + m[7]) if m[7] else 0.0
-    tz = timezone.utc
+    tz = UTC
     if m[8] and m[8] != "Z":
         sign = 1 if m[8][0] == "+" else -1
         hh, mm = int(m[8][1:3]), int(m[8][-2:])
@@ -57,7 +57,7 @@ def _wrapper_timestamp(text: str) -> float | None:
     if not m:
         return None
     try:
-        t = datetime(*(int(m[i]) for i in range(1, 7)), tzinfo=timezone.utc).timestamp()
+        t = datetime(*(int(m[i]) for i in range(1, 7)), tzinfo=UTC).timestamp()
     except ValueError:
         return None
     return t + (float("0." + m[7]) if m[7] else 0.0)
@@ -78,8 +78,7 @@ class Unframer:
         self._partial: Logical | None = None
 
     def feed(self, raw: str, line: int) -> list[Logical]:
-        if raw.endswith("\r"):  # CRLF files
-            raw = raw[:-1]
+        raw = raw.removesuffix("\r")  # CRLF files
         ts = None
         partial = False
         framed = False

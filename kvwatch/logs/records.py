@@ -1,40 +1,44 @@
-"""vLLM's periodic stats lines and the start-up lines that give capacity, as vLLM prints them per release.
+"""vLLM's periodic stats lines and the start-up lines that give capacity, as vLLM prints them.
 
-Stats lines (exact format strings from vLLM's source):
-- V0, ``vllm/engine/llm_engine.py`` (<= 0.4)::
+Stats lines (format strings from vLLM's source; ``%%`` shown as ``%``):
+- V0, early releases, ``vllm/engine/llm_engine.py`` ``_log_system_stats``::
 
     Avg prompt throughput: %.1f tokens/s, Avg generation throughput: %.1f tokens/s, Running: %d reqs,
     Swapped: %d reqs, Pending: %d reqs, GPU KV cache usage: %.1f%, CPU KV cache usage: %.1f%
 
-- V0, ``vllm/engine/metrics.py`` (0.4 - 0.10): the same with a trailing period, then on its own line
-  ``Prefix cache hit rate: GPU: %.2f%, CPU: %.2f%`` (0.5+); every 50th preemption (the 1st, 51st, ...)
-  the scheduler warns ``Sequence group %s is preempted by PreemptionMode.RECOMPUTE|SWAP mode because
-  there is not enough KV cache space. ... total_num_cumulative_preemption=%d``.
-- V1, ``vllm/v1/metrics/loggers.py``: 0.7 ``Avg prompt throughput: ..., Running: %d reqs, Waiting: %d
-  reqs `` (nothing after); 0.8 - 0.10 ``Engine %03d: Avg prompt throughput: %.1f tokens/s, Avg generation
+- V0, later releases up to 0.10, ``vllm/engine/metrics.py``: the same with a trailing period, then on its
+  own line ``Prefix cache hit rate: GPU: %.2f%, CPU: %.2f%``. ``vllm/core/scheduler.py`` warns at every
+  50th preemption (the 1st, 51st, ...): ``Sequence group %s is preempted by PreemptionMode.RECOMPUTE|SWAP
+  mode because there is not enough KV cache space. ... total_num_cumulative_preemption=%d``.
+- V1, ``vllm/v1/metrics/loggers.py``: first ``Avg prompt throughput: ..., Running: %d reqs, Waiting: %d
+  reqs `` (no KV field); then ``Engine %03d: Avg prompt throughput: %.1f tokens/s, Avg generation
   throughput: %.1f tokens/s, Running: %d reqs, Waiting: %d reqs, GPU KV cache usage: %.1f%, Prefix cache
-  hit rate: %.1f%``; later, between Waiting and the KV field, ``Deferred: %d reqs`` (deferred requests are
-  counted in Waiting too), ``KV fetch: %d waiting to start, %d in progress, %d completed waiting`` (0.32)
-  and ``Preemptions: %d`` (each only when non-zero), the KV field named after the device (``CPU``,
-  ``XPU``, ``GPU``), the prefix field omitted while the prefix cache has seen no query, then optional
-  ``External prefix cache hit rate``, ``MM cache hit rate``, ``Corrupted``. With
-  ``--aggregate-engine-logging`` the prefix is ``%d Engines Aggregated: ``.
-  With ``--enable-logging-iteration-details`` (0.32) each step logs ``Engine %03d: Iteration(%d): %d
-  context requests, %d context tokens, %d generation requests, %d generation tokens, iteration elapsed
-  time: %.2f ms, <DEV> KV cache usage: %.1f%``: the only per-step token counts a log can give.
+  hit rate: %.1f%``; by 0.32, between Waiting and the KV field, ``Deferred: %d reqs`` (also counted in
+  Waiting), ``KV fetch: %d waiting to start, %d in progress, %d completed waiting`` and ``Preemptions: %d``
+  (each only when non-zero), the KV field named after the device (``CPU``, ``XPU``, ``GPU``), the prefix
+  field left out until the prefix cache has seen a query, then optional ``External prefix cache hit
+  rate``, ``MM cache hit rate``, ``Corrupted``. ``--aggregate-engine-logging`` prefixes ``%d Engines
+  Aggregated: ``. ``--enable-logging-iteration-details`` (0.32) logs each step as ``Engine %03d:
+  Iteration(%d): %d context requests, %d context tokens, %d generation requests, %d generation tokens,
+  iteration elapsed time: %.2f ms, <DEV> KV cache usage: %.1f%``: the only per-step token counts a log has.
+  (The real 0.32 CPU log in tests/fixtures printed no ``Preemptions`` field in a run whose /metrics
+  counted 78 preemptions: a missing field is read as "unknown", not as 0.)
 
-Start-up lines: ``# GPU blocks: %d, # CPU blocks: %d`` (V0; ``# cuda blocks`` etc. from 0.6), ``GPU KV cache
-size: %s tokens`` and ``Maximum concurrency for %s tokens per request: %.2fx`` (V1; one line, device
-named, in 0.30+; V0 0.6+ prints the concurrency too, without thousands separators), ``Engine %03d: vllm
-cache_config_info with initialization after num_gpu_blocks is: %d``, ``Initializing a V1 LLM engine
-(v%s) with config: ... max_seq_len=..., kv_cache_dtype=..., enable_prefix_caching=...``, the API server's
-``non-default args: {...}`` (0.9+) or ``args: Namespace(...)``, and ``Chunked prefill is enabled with
-max_num_batched_tokens=%d.``
+Start-up lines: ``# GPU blocks: %d, # CPU blocks: %d`` (V0; ``# cuda blocks`` later) and, in later V0,
+``Maximum concurrency for %s tokens per request: %.2fx`` (max_model_len without separators); V1's ``GPU
+KV cache size: %s tokens`` and ``Maximum concurrency for %s tokens per request: %.2fx`` (thousands
+separators; one line named after the device by 0.32: ``CPU KV cache size: 2,048 tokens, Maximum
+concurrency for 1,024 tokens per request: 2.00x``); ``... num_gpu_blocks is: %d``; the engine config line
+``Initializing a V1 LLM engine (v%s) with config: ... max_seq_len=..., kv_cache_dtype=...,
+enable_prefix_caching=...``; the API server's ``non-default args: {...}`` or, in older releases,
+``args: Namespace(...)``; and ``Chunked prefill is enabled with max_num_batched_tokens=%d.``
 
-Real logs are messy, so a record is found by its anchor (``Avg prompt throughput:``) wherever it sits in
-a line (after any prefix, glued to the previous record) and every literal space in a field may be
-missing or a newline (a paste that re-wrapped the text). A record is complete when its mandatory fields
-parse, each with its terminator (``tokens/s``, ``reqs``, ``%``), so a cut-off number is never read.
+Real logs are messy. The ``Assembler`` first puts each log line back together (pieces that do not start
+a log line of their own are joined to the line before), then finds records by their anchor (``Avg prompt
+throughput:``) wherever they sit, several per line if they were glued together. Every literal space in
+a pattern may be missing (a paste re-wrapped the text at a space). A record is complete when its
+mandatory fields parse, each with its terminator (``tokens/s``, ``reqs``, ``%``), so a cut-off number is
+never read as a smaller one.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ from __future__ import annotations
 import ast
 import re
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from kvwatch.logs.lines import Logical
 
@@ -212,7 +216,7 @@ def _asctime(text: str) -> tuple[float | None, str | None, int | None]:
         return None, None, None
     m = ms[-1]
     try:
-        t = datetime(2000, int(m[1]), int(m[2]), int(m[3]), int(m[4]), int(m[5]), tzinfo=timezone.utc).timestamp()
+        t = datetime(2000, int(m[1]), int(m[2]), int(m[3]), int(m[4]), int(m[5]), tzinfo=UTC).timestamp()
     except ValueError:
         return None, None, None
     return t + (float("0." + m[6]) if m[6] else 0.0), f"{m[3]}:{m[4]}:{m[5]}", m.start()
