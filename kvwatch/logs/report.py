@@ -97,7 +97,8 @@ def render_report(name: str, an: LogAnalyzer, skipped: list[int], max_spans: int
         f"(lines {first.line}-{last.line}"
         + (f", {first.clock} to {last.clock}" if first.clock and last.clock else "")
         + ")"
-        + (f"; {len(skipped)} incomplete stats fragments skipped (lines {', '.join(map(str, skipped[:10]))}"
+        + (f"; {len(skipped)} incomplete stats {'fragment' if len(skipped) == 1 else 'fragments'} skipped "
+           f"(line{'' if len(skipped) == 1 else 's'} {', '.join(map(str, skipped[:10]))}"
            + (" ..." if len(skipped) > 10 else "") + ")" if skipped else "")
     )
 
