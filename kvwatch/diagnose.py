@@ -265,7 +265,8 @@ def diagnose_engine(s: Signals, hints: Hints = Hints(), th: Thresholds = Thresho
             "not binding: admission in progress"
         )
         return d
-    if waiting < 2 and s.waiting_samples < 2:
+    if waiting < 2 and not s.waiting_recent_min:
+        # One request caught between arrival and admission is not a queue: Poisson traffic does that.
         ev.append(f"{_n(waiting)} request waiting briefly; no limit binding")
         return d
     # No hint: by elimination, the sequence ceiling, inferred as Running's peak while requests waited.
