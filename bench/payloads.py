@@ -69,7 +69,7 @@ def _irrelevant(series: int) -> tuple[str, str]:
     lines: list[str] = []
     fam = 0
     buckets = ("0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1.0", "2.5", "+Inf")
-    while len(lines) < series:
+    while len(lines) - 2 * fam < series:  # sample lines (each family adds two comment lines)
         kind = fam % 4
         prefix = "vllm:unused_" if fam % 10 == 9 else "app_"
         name = f"{prefix}family_{fam}"

@@ -1,0 +1,254 @@
+"""kvwatch's performance benchmark, in one command.
+
+    python -m bench                   # everything (~15 min on 2 cores); prints a table
+    python -m bench --quick           # tiny configuration (~1 min), for the smoke test
+    python -m bench --json            # the same figures as JSON on stdout (the table goes to stderr)
+    python -m bench --only cycle,scaling --check 0.4
+                                      # CI: exit 1 if a cycle/parse-baseline ratio exceeds 0.4
+
+Sections (bench/README.md explains each method): cycle (cycle / parse-baseline on three payloads),
+scaling (1x / 4x / 16x), memory (RSS of a real ``kvwatch run``), fanin (targets polled on schedule at
+1 Hz on one core), detect (KV-bound onset to kvwatch_bottleneck{bottleneck="kv_cache"} == 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+
+SECTIONS = ("cycle", "scaling", "memory", "fanin", "detect")
+GOALS = {"ratio": 0.2, "peak_rss_mib": 64.0, "fanin": 200, "detect_intervals": 2.0}
+
+
+def _machine() -> dict:
+    model = ""
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import prometheus_client
+
+    from kvwatch import __version__
+
+    return {
+        "cpu": model,
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "kvwatch": __version__,
+        "prometheus_client": prometheus_client.__version__ if hasattr(prometheus_client, "__version__") else _dist("prometheus_client"),
+        "loadavg_start": os.getloadavg(),
+    }
+
+
+def _dist(name: str) -> str:
+    from importlib.metadata import version
+
+    return version(name)
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def run_cycle(quick: bool) -> dict:
+    from bench.cycle import run
+    from bench.payloads import big, real_bodies, relabel
+
+    real = real_bodies()
+    out = {}
+    _log("cycle (a): real vLLM 0.32 payload")
+    out["a_real"] = run(real, rounds=20 if quick else 300)
+    _log("cycle (b): 8 engines x 2 models")
+    dp = [relabel(b, 8, 2) for b in (real[:6] if quick else real)]
+    out["b_8x2"] = run(dp, rounds=4 if quick else 60)
+    series = 10_000 if quick else 100_000
+    _log(f"cycle (c): {series} series, mostly irrelevant")
+    # captures from the middle of the run (KV-bound), so the diagnosis has work to do
+    large = big(real[16:20], series)
+    out["c_100k"] = run(large, rounds=2 if quick else 9, warmup=4)
+    out["c_100k"]["series_requested"] = series
+    return out
+
+
+def run_scaling(quick: bool) -> dict:
+    from bench.cycle import run
+    from bench.payloads import real_bodies, relabel
+
+    real = real_bodies()
+    out = {}
+    for k, rounds in ((1, 10 if quick else 200), (4, 4 if quick else 60), (16, 2 if quick else 24)):
+        _log(f"scaling {k}x")
+        bodies = real if k == 1 else [relabel(b, k, 1) for b in (real[:6] if quick else real[:24])]
+        out[f"{k}x"] = run(bodies, rounds=rounds)
+    base = out["1x"]
+    for k in ("1x", "4x", "16x"):
+        r = out[k]
+        r["size_factor"] = r["samples"] / base["samples"]
+        r["cost_factor"] = r["cycle_ms"] / base["cycle_ms"]
+        # cost per sample relative to 1x: <= 1 means no worse than linear
+        r["cost_per_sample_vs_1x"] = r["cost_factor"] / r["size_factor"]
+    return out
+
+
+def run_memory(quick: bool) -> dict:
+    from bench.memory import measure
+
+    cycles = 200 if quick else 10_000
+    _log(f"memory: kvwatch run, {cycles} cycles of (a) + (b)")
+    return measure(cycles=cycles)
+
+
+def run_fanin(quick: bool) -> dict:
+    from bench.fanin import measure
+    from bench.procs import payload_server
+
+    ladder = [20] if quick else [100, 200, 300, 400, 500, 600]
+    seconds, warmup = (4.0, 3.0) if quick else (20.0, 6.0)
+    levels = []
+    with payload_server(fanin=max(ladder), cpu=0) as srv:
+        for n in ladder:
+            _log(f"fan-in: {n} targets")
+            res = measure(srv, n, seconds=seconds, warmup=warmup, cpu=1 if (os.cpu_count() or 1) > 1 else 0)
+            levels.append(res)
+            if not res["on_schedule"] and len(levels) >= 2 and not levels[-2]["on_schedule"]:
+                break  # two levels in a row off schedule: no point going higher
+    ok = [r["targets"] for r in levels if r["on_schedule"]]
+    return {"levels": levels, "max_on_schedule": max(ok) if ok else 0, "seconds_per_level": seconds}
+
+
+def run_detect(quick: bool) -> dict:
+    from bench.detect import measure
+
+    if quick:
+        _log("detection: 1 trial, speed 4, interval 0.25 s")
+        return measure(trials=1, speed=4.0, interval=0.25, warmup_s=8.0, timeout_s=20.0)
+    _log("detection: 5 trials, real time, interval 1 s")
+    return measure(trials=5, speed=1.0, interval=1.0, warmup_s=20.0, timeout_s=30.0)
+
+
+def _fmt(x, nd=3) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return f"{x:.{nd}f}"
+    return str(x)
+
+
+def table(res: dict) -> str:
+    m = res["machine"]
+    lines = [
+        f"machine: {m['cpu']}, {m['cores']} cores, Python {m['python']}, kvwatch {m['kvwatch']}, "
+        f"prometheus_client {m['prometheus_client']}; load average {', '.join(f'{x:.2f}' for x in m['loadavg_start'])} "
+        f"at start, {', '.join(f'{x:.2f}' for x in res.get('loadavg_end', ()))} at end",
+        "",
+    ]
+    if "cycle" in res:
+        lines += [
+            "cycle / parse-baseline (median of per-round ratios; goal <= 0.2)",
+            "",
+            "| payload | bytes | samples | engines | rounds | baseline ms | cycle ms | ratio | p90 ratio |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        names = {"a_real": "(a) real vLLM 0.32", "b_8x2": "(b) 8 engines x 2 models", "c_100k": "(c) {n} series"}
+        for key, label in names.items():
+            r = res["cycle"][key]
+            label = label.format(n=f"{r['samples']:,}")
+            lines.append(
+                f"| {label} | {r['bytes']} | {r['samples']} | {r['engines']} | {r['rounds']} | {_fmt(r['baseline_ms'], 2)} "
+                f"| {_fmt(r['cycle_ms'], 2)} | **{_fmt(r['ratio'])}** | {_fmt(r['ratio_p90'])} |"
+            )
+        lines.append("")
+    if "scaling" in res:
+        lines += [
+            "scaling (engines by relabelling; cost per sample vs 1x <= 1 means linear or better)",
+            "",
+            "| payload | samples | rounds | cycle ms | ratio | size x | cost x | cost per sample vs 1x |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for k, r in res["scaling"].items():
+            lines.append(
+                f"| {k} | {r['samples']} | {r['rounds']} | {_fmt(r['cycle_ms'], 2)} | {_fmt(r['ratio'])} | {_fmt(r['size_factor'], 1)} "
+                f"| {_fmt(r['cost_factor'], 1)} | {_fmt(r['cost_per_sample_vs_1x'], 2)} |"
+            )
+        lines.append("")
+    if "memory" in res:
+        r = res["memory"]
+        lines += [
+            f"memory: kvwatch run, {r['cycles_b']} cycles of (b) and {r['cycles_a']} of (a) in {r['seconds']:.0f} s "
+            f"(--interval {r['interval_s']}), {r['scrape_errors']:.0f} failed scrapes: peak RSS **{r['peak_rss_mib']:.1f} MiB** "
+            f"(goal <= 64), RSS {_fmt(r['rss_at_half_mib'], 1)} MiB at half way, {r['final_rss_mib']:.1f} MiB at the end, "
+            f"slope over the second half {_fmt(r['slope_kib_per_1000_cycles'], 1)} KiB per 1000 cycles",
+            "",
+        ]
+    if "fanin" in res:
+        r = res["fanin"]
+        lines += [
+            f"fan-in at 1 Hz on one core: **{r['max_on_schedule']} targets** on schedule (goal >= 200); "
+            f"{r['seconds_per_level']:.0f} s measured per level",
+            "",
+            "| targets | on schedule | missed ticks | errors | lateness p50 ms | p99 ms | max ms | CPU (of one core) | peak RSS MiB |",
+            "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for lv in r["levels"]:
+            lines.append(
+                f"| {lv['targets']} | {'yes' if lv['on_schedule'] else 'no'} | {lv['missed_ticks']} | {lv['errors']:.0f} "
+                f"| {_fmt(lv['jitter_p50_ms'], 1)} | {_fmt(lv['jitter_p99_ms'], 1)} | {_fmt(lv['jitter_max_ms'], 1)} "
+                f"| {lv['cpu_core_fraction']:.0%} | {lv['peak_rss_mib']:.1f} |"
+            )
+        lines.append("")
+    if "detect" in res:
+        r = res["detect"]
+        lines += [
+            f"detection latency (simulator kv_cache, --interval {r['interval_s']:g}, speed {r['speed']:g}): median "
+            f"**{_fmt(r['median_intervals'], 2)} intervals** ({_fmt(r['median_s'], 2)} simulated s), max {_fmt(r['max_intervals'], 2)} "
+            f"(goal <= 2); detected {r['detected']} of {len(r['trials'])}, false alarms {r['false_alarms']}",
+            "",
+        ]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="tiny configuration (smoke test)")
+    p.add_argument("--json", action="store_true", help="print JSON on stdout (the table on stderr)")
+    p.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections: {', '.join(SECTIONS)}")
+    p.add_argument("--check", type=float, metavar="RATIO", help="exit 1 if a cycle/parse-baseline ratio exceeds RATIO")
+    args = p.parse_args(argv)
+    only = [s.strip() for s in args.only.split(",") if s.strip()]
+    bad = [s for s in only if s not in SECTIONS]
+    if bad:
+        p.error(f"unknown section(s): {', '.join(bad)}")
+    res: dict = {"machine": _machine(), "quick": args.quick}
+    started = time.monotonic()
+    runners = {"cycle": run_cycle, "scaling": run_scaling, "memory": run_memory, "fanin": run_fanin, "detect": run_detect}
+    for section in SECTIONS:
+        if section in only:
+            res[section] = runners[section](args.quick)
+    res["loadavg_end"] = os.getloadavg()
+    res["seconds"] = time.monotonic() - started
+    text = table(res)
+    if args.json:
+        print(text, file=sys.stderr)
+        print(json.dumps(res, indent=1))
+    else:
+        print(text)
+    if args.check is not None:
+        ratios = {k: v["ratio"] for k, v in res.get("cycle", {}).items()}
+        ratios.update({f"scaling {k}": v["ratio"] for k, v in res.get("scaling", {}).items()})
+        over = {k: round(v, 3) for k, v in ratios.items() if v > args.check}
+        if over:
+            print(f"bench: cycle/parse-baseline above {args.check}: {over}", file=sys.stderr)
+            return 1
+        print(f"bench: every cycle/parse-baseline ratio is within {args.check}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+"""Start and stop the benchmark's helper processes (the payload server, ``kvwatch run``) by pid."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _pin(cpu: int | None):
+    if cpu is None or not hasattr(os, "sched_setaffinity"):
+        return None
+    return lambda: os.sched_setaffinity(0, {cpu})
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@contextlib.contextmanager
+def payload_server(fanin: int = 0, b_captures: int = 48, cpu: int | None = None):
+    """``bench.server`` in its own process; yields its base URL."""
+    cmd = [sys.executable, "-m", "bench.server", "--fanin", str(fanin), "--b-captures", str(b_captures)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True, preexec_fn=_pin(cpu))
+    try:
+        line = proc.stdout.readline()
+        if not line.startswith("listening "):
+            raise RuntimeError(f"bench: payload server did not start: {line!r}")
+        yield f"http://127.0.0.1:{int(line.split()[1])}"
+    finally:
+        stop(proc)
+
+
+@contextlib.contextmanager
+def kvwatch_run(targets: list[str], *flags: str, cpu: int | None = None):
+    """A real ``kvwatch run`` process (``python -m kvwatch``); yields (process, its base URL).
+    Targets go in KVWATCH_TARGET (comma-separated), as the README documents."""
+    port = free_port()
+    env = dict(os.environ, KVWATCH_TARGET=",".join(targets), KVWATCH_LOG_LEVEL="error")
+    cmd = [sys.executable, "-m", "kvwatch", "run", "--listen", f"127.0.0.1:{port}", *flags]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, preexec_fn=_pin(cpu))
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"bench: kvwatch run exited with {proc.returncode}")
+            try:
+                with urllib.request.urlopen(url + "/readyz", timeout=1) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("bench: kvwatch run did not become ready in 30 s")
+            time.sleep(0.05)
+        yield proc, url
+    finally:
+        stop(proc)
+
+
+def get(url: str, timeout: float = 10.0) -> bytes:
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return r.read()
+
+
+def rss_kib(pid: int) -> tuple[int, int]:
+    """(VmRSS, VmHWM) of a process, KiB."""
+    rss = hwm = 0
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                rss = int(line.split()[1])
+            elif line.startswith("VmHWM:"):
+                hwm = int(line.split()[1])
+    return rss, hwm
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (all its threads)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

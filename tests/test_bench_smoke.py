@@ -1,0 +1,87 @@
+"""The benchmark runs end to end on its tiny configuration and reports every figure.
+
+No timing is asserted here (the figures depend on the machine and its load): only that each part
+ran against the real processes and produced well-formed numbers. The figures themselves live in
+bench/RESULTS.md; a generous ratio check can run as its own CI step (``--check``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _bench(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "bench", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def _positive(x) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+
+
+@pytest.fixture(scope="module")
+def quick():
+    proc = _bench("--quick", "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout), proc.stderr
+
+
+def test_prints_the_table_of_ratios(quick):
+    _, table = quick
+    assert "cycle / parse-baseline" in table
+    for row in ("(a) real vLLM 0.32", "(b) 8 engines x 2 models", "series", "16x", "peak RSS", "fan-in", "detection"):
+        assert row in table
+
+
+def test_cycle_ratios_against_a_baseline_from_the_same_run(quick):
+    res, _ = quick
+    for key in ("a_real", "b_8x2", "c_100k"):
+        r = res["cycle"][key]
+        assert _positive(r["baseline_ms"]) and _positive(r["cycle_ms"]) and _positive(r["ratio"])
+        assert r["ratio"] == pytest.approx(r["ratio"])  # a number, not NaN
+        assert r["engines"] == (16 if key == "b_8x2" else 1)
+        assert r["rendered_bytes"] > 0  # kvwatch's own /metrics answer was rendered each cycle
+    assert res["cycle"]["b_8x2"]["samples"] > 10 * res["cycle"]["a_real"]["samples"]
+    assert res["cycle"]["c_100k"]["samples"] >= res["cycle"]["c_100k"]["series_requested"]
+
+
+def test_scaling_1x_4x_16x(quick):
+    res, _ = quick
+    assert list(res["scaling"]) == ["1x", "4x", "16x"]
+    for r in res["scaling"].values():
+        assert _positive(r["cycle_ms"]) and _positive(r["cost_per_sample_vs_1x"])
+    assert res["scaling"]["16x"]["samples"] > res["scaling"]["4x"]["samples"] > res["scaling"]["1x"]["samples"]
+
+
+def test_memory_of_a_real_kvwatch_run(quick):
+    res, _ = quick
+    r = res["memory"]
+    assert r["cycles_b"] >= 200 and r["cycles_a"] >= 200
+    assert _positive(r["peak_rss_mib"]) and r["peak_rss_mib"] >= r["final_rss_mib"] > 0
+
+
+def test_fanin_and_detection_ran_against_real_processes(quick):
+    res, _ = quick
+    level = res["fanin"]["levels"][0]
+    assert level["targets"] == 20 and level["scrapes"] > 0 and level["up"] == 20
+    assert isinstance(level["on_schedule"], bool)
+    det = res["detect"]
+    assert len(det["trials"]) == 1
+    trial = det["trials"][0]
+    # the simulator reached its KV-bound state (ground truth from the scheduler), with none before
+    assert trial["onset_after_phase_s"] is not None and trial["kv_blocked_steps_in_warmup"] == 0
+
+
+def test_check_fails_when_a_ratio_is_over_the_limit():
+    proc = _bench("--quick", "--only", "cycle", "--check", "0")
+    assert proc.returncode == 1
+    assert "cycle/parse-baseline above 0" in proc.stderr
