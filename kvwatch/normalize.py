@@ -118,6 +118,9 @@ class EngineSnapshot:
 
 
 _BOUNDS: dict[str, float] = {}  # "le" label text -> bucket bound; the same few recur on every scrape
+# Bucket layouts -> one shared tuple: the window keeps a dozen histograms per engine, each with its
+# bounds; sharing them saves memory and makes the window's layout comparisons identity checks.
+_SHARED_BOUNDS: dict[tuple[float, ...], tuple[float, ...]] = {}
 
 
 def _bound(text: str) -> float | None:
@@ -254,6 +257,9 @@ def normalize(families: dict[str, Family], max_engines: int = 64) -> dict[tuple[
             if not buckets or math.inf not in buckets:
                 continue  # a histogram without +Inf is not usable for quantiles
             bounds = tuple(sorted(buckets))
+            if len(_SHARED_BOUNDS) >= 1024:
+                _SHARED_BOUNDS.clear()  # endless layouts from a hostile upstream must not grow memory
+            bounds = _SHARED_BOUNDS.setdefault(bounds, bounds)  # one tuple per bucket layout, not per scrape
             out[key].histograms[canon] = Histogram(bounds, [buckets[b] for b in bounds], hsum, hcount)
 
     if not out:
