@@ -23,7 +23,15 @@ from aiohttp.test_utils import make_mocked_request
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvwatch.app import Monitor, make_metrics_handler
+from kvwatch.app import Monitor
+
+try:
+    from kvwatch.app import make_metrics_handler
+except ImportError:  # kvwatch before 0.1.0's performance work served prometheus_client's handler
+    from prometheus_client.aiohttp import make_aiohttp_handler
+
+    def make_metrics_handler(monitor, registry):
+        return make_aiohttp_handler(registry)
 from kvwatch.config import load_settings
 from kvwatch.export import KvwatchCollector
 

@@ -10,6 +10,8 @@ wrapper on the engine's step; the simulation itself is unchanged.) The wall-cloc
 is the server's mapping of simulated time (start + sim_time / speed). kvwatch's ``/metrics`` is
 polled every 25 ms; the latency is the first poll that shows kv_cache = 1 minus the onset, reported
 in seconds and in scrape intervals. A kv_cache = 1 seen before the onset counts as a false alarm.
+Trial k of n lengthens the warm-up by (k + 0.5) / n of an interval, so the onsets fall at evenly
+spread points of kvwatch's scrape interval (otherwise every trial would see the same phase).
 """
 
 from __future__ import annotations
@@ -108,8 +110,14 @@ async def _trial(seed: int, speed: float, interval: float, warmup_s: float, time
 
 def measure(trials: int = 5, speed: float = 1.0, interval: float = 1.0, warmup_s: float = 20.0, timeout_s: float = 30.0) -> dict:
     results = []
-    for seed in range(1, trials + 1):
-        results.append(asyncio.run(_trial(seed, speed, interval, warmup_s, timeout_s)))
+    for k in range(trials):
+        # kvwatch starts a fixed time after the simulator, so its scrape schedule has a fixed phase
+        # relative to the warm-up's end: move the onset by a different fraction of an interval in
+        # each trial, so the trials sample where within an interval the onset falls.
+        frac = (k + 0.5) / trials
+        res = asyncio.run(_trial(k + 1, speed, interval, warmup_s + frac * interval * speed, timeout_s))
+        res["onset_shift_intervals"] = frac
+        results.append(res)
     lat = [r["latency_intervals"] for r in results if "latency_intervals" in r]
     return {
         "trials": results,

@@ -82,12 +82,12 @@ def measure(server: str, n: int, seconds: float = 20.0, warmup: float = 6.0, int
     with kvwatch_run(targets, "--interval", str(interval), cpu=cpu) as (proc, kv):
         time.sleep(warmup)
         err0, _ = _errors(kv)
-        get(server + "/stats?reset=1")
+        get(server + "/stats?reset=1", timeout=60)
         c0, t0 = cpu_seconds(proc.pid), time.monotonic()
         time.sleep(seconds)
         t1 = time.monotonic()
         c1 = cpu_seconds(proc.pid)
-        stats = json.loads(get(server + "/stats?arrivals=1&reset=1"))
+        stats = json.loads(get(server + "/stats?arrivals=1&reset=1", timeout=60))
         err1, up = _errors(kv)
         rss, hwm = rss_kib(proc.pid)
     # Whole ticks only: leave half an interval at each edge of the window.
