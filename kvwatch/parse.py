@@ -23,7 +23,7 @@ general path (and the filtered parse equal to ``prometheus_client``) on generate
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 __all__ = ["Family", "ParseError", "Sample", "parse"]
@@ -376,7 +376,3 @@ def parse(body: str, keep: Callable[[str], bool] | None = None) -> dict[str, Fam
             kept = True
         current.samples.append(sample)
     return families
-
-
-def family_names(families: Iterable[Family]) -> list[str]:
-    return [f.name for f in families]

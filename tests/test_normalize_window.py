@@ -5,7 +5,7 @@ import math
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvwatch.normalize import OVERFLOW, Histogram, keep_family, normalize
+from kvwatch.normalize import OVERFLOW, keep_family, normalize
 from kvwatch.parse import parse
 from kvwatch.window import EngineHistory, histogram_quantile, summarize
 from tests.upstream import FIXTURES, captures
