@@ -109,7 +109,7 @@ def run_fanin(quick: bool) -> dict:
     from bench.fanin import measure
     from bench.procs import payload_server
 
-    ladder = [20] if quick else [100, 200, 300, 400, 500, 600]
+    ladder = [20] if quick else [100, 200, 300, 400, 500, 600, 700, 800]
     seconds, warmup = (4.0, 3.0) if quick else (20.0, 6.0)
     levels = []
     with payload_server(fanin=max(ladder), cpu=0) as srv:
