@@ -217,6 +217,24 @@ def dashed_series(regex: str) -> JSON:
     }
 
 
+def throughput_gap_overrides(prompt_legend: str, gap_legend: str) -> list[JSON]:
+    """Prompt blue, generation green, the gap count red as shaded steps on the right axis."""
+    return [
+        override(prompt_legend, fixed_color("blue")),
+        override("generation", fixed_color("green")),
+        override(
+            gap_legend,
+            fixed_color("red"),
+            ("unit", "none"),
+            ("decimals", 0),
+            ("custom.axisPlacement", "right"),
+            ("custom.lineInterpolation", "stepAfter"),
+            ("custom.fillOpacity", 25),
+            ("custom.lineWidth", 0),
+        ),
+    ]
+
+
 def timeseries(
     title: str,
     what: str,
@@ -744,20 +762,7 @@ def overview() -> JSON:
                 query(agg("sum", sel("kvwatch_throughput_gap")), gap),
             ],
             unit=TOKENS_PER_S,
-            overrides=[
-                override("prompt (prefill)", fixed_color("blue")),
-                override("generation", fixed_color("green")),
-                override(
-                    gap,
-                    fixed_color("red"),
-                    ("unit", "none"),
-                    ("decimals", 0),
-                    ("custom.axisPlacement", "right"),
-                    ("custom.lineInterpolation", "stepAfter"),
-                    ("custom.fillOpacity", 25),
-                    ("custom.lineWidth", 0),
-                ),
-            ],
+            overrides=throughput_gap_overrides("prompt (prefill)", gap),
         ),
         12,
         8,
@@ -1492,20 +1497,7 @@ def fleet() -> JSON:
                 query(agg("sum", sel(f.throughput_gap)), gap),
             ],
             unit=TOKENS_PER_S,
-            overrides=[
-                override("prompt (computed)", fixed_color("blue")),
-                override("generation", fixed_color("green")),
-                override(
-                    gap,
-                    fixed_color("red"),
-                    ("unit", "none"),
-                    ("decimals", 0),
-                    ("custom.axisPlacement", "right"),
-                    ("custom.lineInterpolation", "stepAfter"),
-                    ("custom.fillOpacity", 25),
-                    ("custom.lineWidth", 0),
-                ),
-            ],
+            overrides=throughput_gap_overrides("prompt (computed)", gap),
         ),
         12,
         8,
