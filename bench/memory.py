@@ -7,7 +7,8 @@ payload and (b) the 8 engines x 2 models payload (both gzip, captures in order, 
 --window 0.06``): the window then keeps (window + 1 s) / interval = ~35 points per engine, about three
 times what the default ``--interval 1 --window 10`` keeps, so the figure errs high. kvwatch's own
 ``/metrics`` is fetched once a second meanwhile, as Prometheus would. A cycle is one request the
-server answered for target (b), the slower one; RSS (VmRSS) is sampled twice a second from
+server answered; the run ends when both targets have had ``cycles`` of them (the two polls are
+spread apart, so either may be one behind at any instant); RSS (VmRSS) is sampled twice a second from
 /proc, the peak is the kernel's VmHWM.
 """
 
@@ -41,7 +42,7 @@ def measure(cycles: int = 10_000, interval: float = 0.03, timeout: float = 0.025
                 a, b = req.get("a", 0), req.get("b", 0)
                 rss, hwm = rss_kib(proc.pid)
                 samples.append((b, a, rss))
-                if b >= cycles:
+                if min(a, b) >= cycles:  # both targets, not whichever happens to lead
                     break
                 now = time.monotonic()
                 if now - last_scrape >= 1.0:
