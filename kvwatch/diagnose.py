@@ -68,6 +68,9 @@ class Thresholds:
     admission_stall: float = 0.90
     preemption_risk: float = 0.95
     stall_seconds: float = 5.0  # no token progress with requests present for this long = stalled
+    # Samples with a queue before a ceiling is named by elimination: at 1-s scrapes the first sample of a
+    # KV-bound queue often shows KV usage a step behind admission.
+    min_queue_samples: int = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,18 +272,20 @@ def diagnose_engine(s: Signals, hints: Hints = Hints(), th: Thresholds = Thresho
         # One request caught between arrival and admission is not a queue: Poisson traffic does that.
         ev.append(f"{_n(waiting)} request waiting briefly; no limit binding")
         return d
+    if s.waiting_samples < th.min_queue_samples:
+        # Naming a ceiling by elimination this early would blip max_num_seqs at the start of every
+        # queue, KV-bound ones included: wait for the next sample.
+        ev.append(f"{_n(waiting)} waiting with {_n(running)} running: a queue has just formed, no limit named yet")
+        return d
     # No hint: by elimination, the sequence ceiling, inferred as Running's peak while requests waited.
     ceiling = int(s.running_max_waiting or s.running_recent_max or running)
     d.bottleneck = "max_num_seqs"
     d.max_num_seqs = (ceiling, "inferred")
-    if s.waiting_samples >= 2:
-        how = (
-            f"Running peaked at {ceiling} ({s.running_at_max_samples} of {s.waiting_samples} samples with a queue "
-            f"in the last {s.span_seconds:.0f} s)"
-        )
-    else:
-        how = f"Running is {ceiling} (one sample so far)"
-    ev.append(f"{_n(waiting)} requests waiting while {how}: inferred max_num_seqs={ceiling} (no hint given)")
+    ev.append(
+        f"{_n(waiting)} requests waiting while Running peaked at {ceiling} ({s.running_at_max_samples} of "
+        f"{s.waiting_samples} samples with a queue in the last {s.span_seconds:.0f} s): inferred "
+        f"max_num_seqs={ceiling} (no hint given)"
+    )
     ev.append(_kv_room(s))
     d.recommendations.extend(_seqs_recommendations(s, ceiling))
     return d

@@ -43,6 +43,10 @@ def test_each_capture_is_diagnosed_as_its_folder_says(scenario, with_hints):
         assert d.bottleneck == e.bottleneck
         if e.signals.requests_waiting:
             waiting_moments += 1
+            if e.signals.waiting_samples < 2 and e.bottleneck == "none":
+                # A queue's first sample names no ceiling by elimination (no other limit is in sight yet).
+                assert "just formed" in " ".join(e.evidence) and expected_while_waiting == "max_num_seqs"
+                continue
             assert e.bottleneck == expected_while_waiting, (d.timestamp, e.evidence)
         else:
             assert e.bottleneck in ("none", "idle"), (d.timestamp, e.evidence)
@@ -72,6 +76,17 @@ def test_a_dipping_running_gauge_does_not_lower_the_inferred_ceiling():
     assert inferred >= {(4, "inferred")}
     late = [d for d in replay("max_num_seqs_running_dips") if d.bottleneck == "max_num_seqs"][5:]
     assert {d.engines[0].max_num_seqs for d in late} == {(4, "inferred")}
+
+
+def test_a_queue_is_not_blamed_on_an_inferred_ceiling_from_its_first_sample():
+    """The first sample with a queue says none ("just formed"); the next names the inferred ceiling."""
+    timeline = replay("max_num_seqs")
+    i = next(i for i, d in enumerate(timeline) if d.engines[0].signals.requests_waiting)
+    first, second = timeline[i].engines[0], timeline[i + 1].engines[0]
+    assert first.signals.waiting_samples == 1 and first.bottleneck == "none"
+    assert "a queue has just formed" in first.evidence[0] and first.max_num_seqs is None
+    assert second.signals.waiting_samples == 2 and second.bottleneck == "max_num_seqs"
+    assert second.max_num_seqs == (2, "inferred")
 
 
 def test_max_num_seqs_is_inferred_without_hint_and_reported_as_such():

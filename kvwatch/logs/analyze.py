@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from kvwatch.diagnose import Diagnosis, Hints, Thresholds, diagnose_engine
 from kvwatch.logs.records import Event, StatsRecord
@@ -178,7 +178,9 @@ class LogAnalyzer:
 
     def __init__(self, hints: Hints = Hints(), thresholds: Thresholds = Thresholds()):
         self.cli_hints = hints
-        self.thresholds = thresholds
+        # A stats line stands for 10 s, far longer than the step by which KV usage lags admission:
+        # one line with a queue is enough to name a limit.
+        self.thresholds = replace(thresholds, min_queue_samples=1)
         self.config = ServerConfig()
         self.configs: list[ServerConfig] = [self.config]  # one per server start seen in the log
         self.engines: dict[str, _Engine] = {}
