@@ -6,11 +6,11 @@ stops at the cap, not in memory), and every failure becomes a ``ScrapeError`` wi
 that ends up in ``kvwatch_scrape_errors_total{reason}``. The bearer token is read from its file on
 every scrape (so rotation works) and never logged.
 
-The client is aiohttp's (already kvwatch's server): the benchmark (bench/fanin.py) found httpx's
-connection pool spending seconds per round once ~100 targets were polled at once, where aiohttp's
-takes milliseconds. TLS trust is built exactly as httpx builds it (``httpx.create_ssl_context``:
-certifi, or ``SSL_CERT_FILE`` / ``SSL_CERT_DIR``), and proxies come from the environment
-(``HTTP_PROXY``/``HTTPS_PROXY``/``NO_PROXY``), as with httpx's defaults. No cookies are kept.
+The client is ``httpx.AsyncClient``, one per target: a target is one origin, so a pool of its own
+costs nothing, and it keeps hundreds of targets polled from one process out of each other's way
+(one pool shared by ~100 concurrent fetches spent seconds per round in httpcore's bookkeeping,
+bench/fanin.py). Redirects are not followed, no cookies are kept, proxies come from the
+environment as httpx's defaults do.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-import aiohttp
 import httpx
 
 __all__ = ["Fetcher", "ScrapeError", "REASONS"]
@@ -45,7 +44,7 @@ class FetchConfig:
 
 
 class Fetcher:
-    """One shared client session (connection reuse) for all targets, opened on the first fetch."""
+    """One ``httpx.AsyncClient`` per target (connection reuse), opened on its first fetch."""
 
     def __init__(self, cfg: FetchConfig, user_agent: str):
         self.cfg = cfg
@@ -55,25 +54,42 @@ class Fetcher:
             "Accept-Encoding": "gzip",
             "Accept": "text/plain;version=0.0.4;q=1,*/*;q=0.1",
         }
+        # Built once: loading the CA bundle per client would cost ~20 ms each.
         self._ssl = httpx.create_ssl_context(verify=cfg.tls_verify)
-        self.session: aiohttp.ClientSession | None = None
+        self.clients: dict[str, httpx.AsyncClient] = {}
+        self._closing: set[asyncio.Future] = set()
 
-    def _session(self) -> aiohttp.ClientSession:
-        if self.session is None or self.session.closed:
-            self.session = aiohttp.ClientSession(
-                # Idle connections are dropped after 4 s, before uvicorn's (vLLM's) 5 s: never reuse one it is closing.
-                connector=aiohttp.TCPConnector(limit=1000, ssl=self._ssl, keepalive_timeout=4.0),
+    def _client(self, url: str) -> httpx.AsyncClient:
+        client = self.clients.get(url)
+        if client is None or client.is_closed:
+            client = self.clients[url] = httpx.AsyncClient(
+                verify=self._ssl,
+                timeout=None,  # the deadline is fetch()'s, over the whole fetch
+                follow_redirects=False,
                 headers=self.headers,
-                auto_decompress=False,  # the body is inflated by _fetch, under the cap
-                cookie_jar=aiohttp.DummyCookieJar(),
-                timeout=aiohttp.ClientTimeout(total=None),  # the deadline is fetch()'s, whole
-                trust_env=True,
+                # Idle connections are dropped after 4 s, before uvicorn's (vLLM's) 5 s: never
+                # reuse one the server is closing.
+                limits=httpx.Limits(max_connections=4, max_keepalive_connections=1, keepalive_expiry=4.0),
             )
-        return self.session
+        return client
+
+    def _discard(self, url: str) -> None:
+        client = self.clients.pop(url, None)
+        if client is not None:
+            task = asyncio.ensure_future(asyncio.wait_for(client.aclose(), self.cfg.timeout))
+            self._closing.add(task)  # a reference until done, so the close is not garbage-collected
+            task.add_done_callback(self._closed)
+
+    def _closed(self, task: asyncio.Future) -> None:
+        self._closing.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved: a failed close of a discarded client is not worth a log line
 
     async def aclose(self) -> None:
-        if self.session is not None:
-            await self.session.close()
+        clients, self.clients = list(self.clients.values()), {}
+        for client in clients:
+            await client.aclose()
+        await asyncio.gather(*self._closing, return_exceptions=True)
 
     def _headers(self) -> dict[str, str]:
         if self.cfg.bearer_token_file is None:
@@ -89,16 +105,20 @@ class Fetcher:
             async with asyncio.timeout(self.cfg.timeout):
                 return await self._fetch(url)
         except TimeoutError:
+            # httpcore can leave a cancelled request's connection slot taken (NEW/ACTIVE forever): a
+            # few such timeouts would block this target's pool for good. Start it afresh.
+            self._discard(url)
             raise ScrapeError("timeout", f"no complete response within {self.cfg.timeout:g}s") from None
-        except aiohttp.ClientError as e:
+        except httpx.HTTPError as e:
+            self._discard(url)  # a transport failure: nothing in this pool is worth keeping
             # Exception text may carry the URL but never our headers.
             raise ScrapeError("connect", type(e).__name__ + (f": {e}" if str(e) else "")) from None
 
     async def _fetch(self, url: str) -> str:
         cap = self.cfg.max_body_bytes
-        async with self._session().get(url, headers=self._headers(), allow_redirects=False) as resp:
-            if resp.status != 200:
-                raise ScrapeError("http_status", f"HTTP {resp.status}")
+        async with self._client(url).stream("GET", url, headers=self._headers()) as resp:
+            if resp.status_code != 200:
+                raise ScrapeError("http_status", f"HTTP {resp.status_code}")
             encoding = resp.headers.get("content-encoding", "identity").lower().strip()
             if encoding not in ("identity", "gzip", ""):
                 raise ScrapeError("decode", f"unsupported Content-Encoding {encoding!r}")
@@ -108,7 +128,7 @@ class Fetcher:
             inflater = zlib.decompressobj(16 + zlib.MAX_WBITS) if encoding == "gzip" else None
             parts: list[bytes] = []
             size = 0
-            async for chunk in resp.content.iter_any():
+            async for chunk in resp.aiter_raw():
                 if inflater is not None:
                     data = chunk
                     while True:
