@@ -33,6 +33,7 @@ class Row:
     running: float | None          # vLLM's num_requests_running, read by the test
     waiting: float | None
     kv: float | None
+    preemptions: float | None      # vLLM's num_preemptions_total
     kw: dict = field(default_factory=dict)  # kvwatch per-engine gauges by short name
 
 
@@ -79,6 +80,7 @@ def make_rows(samples: list[Sample], target: str, t0: float) -> list[Row]:
             running=vllm_gauge(vl, "num_requests_running") if vl else None,
             waiting=vllm_gauge(vl, "num_requests_waiting") if vl else None,
             kv=vllm_gauge(vl, "kv_cache_usage_perc") if vl else None,
+            preemptions=vllm_gauge(vl, "num_preemptions_total") if vl else None,
         )
         if kv:
             for short, name in KW_GAUGES.items():
@@ -146,6 +148,27 @@ class ScenarioRun:
         save_summary(self.dir, self.summary)
 
 
+def detection_latency(rows: list[Row], admission_threshold: float = 0.90) -> dict:
+    """Seconds from the onset of the KV-bound state, as vLLM itself reports it, to the first sample of
+    kvwatch's /metrics saying ``kvwatch_bottleneck{bottleneck="kv_cache"} 1``.
+
+    Onset (ground truth, read by the test from vLLM's own /metrics, never from kvwatch): the first
+    sample after the load began with requests waiting and either KV usage at the admission threshold
+    or the preemption counter above its value before the load. Both times carry the observer's
+    sampling period as resolution.
+    """
+    before = [r.preemptions for r in rows if r.t < 0 and r.preemptions is not None]
+    base = before[-1] if before else 0.0
+    onset = next((r for r in rows if r.t >= 0 and r.waiting and r.kv is not None and
+                  (r.kv >= admission_threshold or (r.preemptions or 0.0) > base)), None)
+    if onset is None:
+        return {"onset_s": None, "detected_s": None, "latency_s": None}
+    seen = next((r for r in rows if r.t >= onset.t and r.bottleneck == "kv_cache"), None)
+    return {"onset_s": onset.t, "detected_s": seen.t if seen else None,
+            "latency_s": round(seen.t - onset.t, 2) if seen else None,
+            "onset_kv": onset.kv, "onset_waiting": onset.waiting}
+
+
 def vllm_cache_config(samples) -> dict[str, str]:
     for s in samples:
         if s.vllm is not None:
@@ -184,16 +207,17 @@ async def run_scenario(
     record_seconds: float,
     baseline: float = 3.0,
     settle: float = 5.0,
+    observe_every: float = 1.0,
 ) -> ScenarioRun:
     """Start one ``kvwatch run`` per variant (name → extra flags) and ``kvwatch record`` against ``server``;
     sample for ``baseline`` s, drive ``load`` (kwargs of drive_load), keep sampling ``settle`` s and until the
-    recorder has finished its ``--duration``. Everything started here is stopped here."""
+    recorder has finished its ``--duration``; the observers read kvwatch and vLLM every ``observe_every`` s. Everything started here is stopped here."""
     t_begin = time.monotonic()
     kvwatches = {v: Kvwatch(server.metrics_url, scenario_dir / f"kvwatch-{v}.log", flags)
                  for v, flags in variants.items()}
     recorder = Recorder(server.metrics_url, scenario_dir / "recording", record_seconds,
                         scenario_dir / "kvwatch-record.log")
-    observers = {v: Observer(k.url, server.metrics_url) for v, k in kvwatches.items()}
+    observers = {v: Observer(k.url, server.metrics_url, observe_every) for v, k in kvwatches.items()}
     try:
         for k in kvwatches.values():
             k.start_and_wait()

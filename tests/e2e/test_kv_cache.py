@@ -14,7 +14,7 @@ import time
 import pytest
 
 from .harness import Kvwatch, Observer, Recorder, counts, drive_load, finite, log
-from .scenario import NON_NEGATIVE, describe, make_rows, run_scenario, save_summary, write_timeline
+from .scenario import NON_NEGATIVE, describe, detection_latency, make_rows, run_scenario, save_summary, write_timeline
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -27,6 +27,8 @@ LOAD = dict(num_requests=200, input_len=250, output_len=250, max_seconds=90)
 WARMUP = 5.0
 #: share of the saturated samples that must carry the expected bottleneck
 SHARE = 0.8
+#: the test reads vLLM and kvwatch up to 4x per kvwatch interval (1 s), for the detection latency
+OBSERVE_EVERY = 0.25
 
 
 @pytest.fixture(scope="module")
@@ -36,17 +38,23 @@ def server(server_factory):
 
 async def test_kv_cache(server, scenario_dir, vocab_size):
     run = await run_scenario("kv_cache", scenario_dir, server, load=LOAD, vocab_size=vocab_size,
-                             variants={"nohint": []}, record_seconds=40)
+                             variants={"nohint": []}, record_seconds=40, observe_every=OBSERVE_EVERY)
     rows = run.rows["nohint"]
     sat = run.saturated("nohint", WARMUP)
     info = describe(sat)
-    run.write_summary(saturated=info)
+    # Reported (bench/RESULTS.md), not held to a time: the goal is <= 2 scrape intervals (1 s each).
+    gaps = [b.t - a.t for a, b in zip(rows, rows[1:])]  # the observer is slower than asked under load
+    detection = detection_latency(rows) | {"interval_s": 1.0, "resolution_s": round(statistics.median(gaps), 2)}
+    run.write_summary(saturated=info, detection=detection)
+    log(f"[kv_cache] detection: {detection}")
     log(f"[kv_cache] saturated: {info}")
 
     assert run.load.failed == 0, run.load.errors
     assert run.record_rc == 0 and run.record_files >= 20, (run.record_rc, run.record_files)
     # the scenario itself: vLLM really queued (ground truth, read from vLLM by the test)
     assert len(sat) >= 10, f"too few saturated samples: {info}"
+    assert detection["onset_s"] is not None, "vLLM never reported the KV-bound state (waiting, KV >= 0.9 or preempting)"
+    assert detection["detected_s"] is not None, f"kvwatch never said kv_cache after the onset: {detection}"
 
     # capacity == vLLM's kv_cache_size_tokens (== 16 MiB / 4 KiB)
     vllm_tokens = float(run.vllm_cache_config()["kv_cache_size_tokens"])
