@@ -130,11 +130,15 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
             d = s["up_rows"]
             w.write_line(f"  all samples: bottleneck {d['bottleneck']}, vLLM running {_rng(d['vllm_running'])}, "
                          f"waiting {_rng(d['vllm_waiting'], 0)}")
+        if "onsets" in s:
+            lat = [f"{o['latency_s']} (reads {o.get('read_gap_s')} s apart)" for o in s["onsets"]]
+            w.write_line(f"  detection latency over {len(lat)} onsets, s = intervals: {', '.join(lat)}; median "
+                         f"{s['median_latency_s']}")
         if "detection" in s and s["detection"].get("latency_s") is not None:
             d = s["detection"]
             w.write_line(f"  detection latency (vLLM's KV-bound onset -> kvwatch_bottleneck kv_cache): "
                          f"{d['latency_s']:.2f} s = {d['latency_s'] / d['interval_s']:.2f} intervals "
-                         f"(samples {d['resolution_s']} s apart; onset {d['onset_s']} s into the load)")
+                         f"(reads {d['read_gap_s']} s apart there; onset {d['onset_s']} s into the load)")
         for k in ("observed_mean_running", "estimated_max_concurrency_median", "vllm_mean_step_tokens"):
             if k in s:
                 w.write_line(f"  {k}: {s[k]:.2f}")

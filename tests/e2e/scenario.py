@@ -154,8 +154,7 @@ def detection_latency(rows: list[Row], admission_threshold: float = 0.90) -> dic
 
     Onset (ground truth, read by the test from vLLM's own /metrics, never from kvwatch): the first
     sample after the load began with requests waiting and either KV usage at the admission threshold
-    or the preemption counter above its value before the load. Both times carry the observer's
-    sampling period as resolution.
+    or the preemption counter above its value before the load.
     """
     before = [r.preemptions for r in rows if r.t < 0 and r.preemptions is not None]
     base = before[-1] if before else 0.0
@@ -163,10 +162,15 @@ def detection_latency(rows: list[Row], admission_threshold: float = 0.90) -> dic
                   (r.kv >= admission_threshold or (r.preemptions or 0.0) > base)), None)
     if onset is None:
         return {"onset_s": None, "detected_s": None, "latency_s": None}
-    seen = next((r for r in rows if r.t >= onset.t and r.bottleneck == "kv_cache"), None)
-    return {"onset_s": onset.t, "detected_s": seen.t if seen else None,
-            "latency_s": round(seen.t - onset.t, 2) if seen else None,
-            "onset_kv": onset.kv, "onset_waiting": onset.waiting}
+    i = next((i for i, r in enumerate(rows) if r.t >= onset.t and r.bottleneck == "kv_cache"), None)
+    if i is None:
+        return {"onset_s": onset.t, "detected_s": None, "latency_s": None}
+    seen = rows[i]
+    # kvwatch said kv_cache somewhere between the read before this one and this one: the latency is
+    # at most latency_s and more than latency_s - read_gap_s (the reads slow down while vLLM is busy).
+    gap = seen.t - rows[i - 1].t if i > 0 and seen.t > onset.t else 0.0
+    return {"onset_s": onset.t, "detected_s": seen.t, "latency_s": round(seen.t - onset.t, 2),
+            "read_gap_s": round(gap, 2), "onset_kv": onset.kv, "onset_waiting": onset.waiting}
 
 
 def vllm_cache_config(samples) -> dict[str, str]:
