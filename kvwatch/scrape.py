@@ -9,8 +9,8 @@ every scrape (so rotation works) and never logged.
 The client is ``httpx.AsyncClient``, one per target: a target is one origin, so a pool of its own
 costs nothing, and it keeps hundreds of targets polled from one process out of each other's way
 (one pool shared by ~100 concurrent fetches spent seconds per round in httpcore's bookkeeping,
-bench/fanin.py). Redirects are not followed, no cookies are kept, proxies come from the
-environment as httpx's defaults do.
+bench/fanin.py). TLS trust is httpx's (certifi, or ``SSL_CERT_FILE`` / ``SSL_CERT_DIR``), built once
+and shared; redirects are not followed; proxies come from the environment, as httpx's defaults do.
 """
 
 from __future__ import annotations
