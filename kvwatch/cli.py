@@ -94,6 +94,8 @@ def _setup_logging(level: str) -> None:
     logging.basicConfig(
         level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
+    # httpx logs every request at INFO: one line per scrape per target is noise, not news.
+    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
 
 
 # ---------------------------------------------------------------------------------------- output

@@ -96,8 +96,15 @@ async def test_run_serves_metrics_diagnosis_and_probes():
                 assert 'href="metrics"' in r.text and "api/v1/diagnosis" in r.text
                 assert r.headers["Server"].startswith("kvwatch/")
                 assert (await c.get(base + "/healthz")).status_code == 200
+                for _ in range(100):  # a few more scrapes for the log check below
+                    if up.requests >= 3:
+                        break
+                    await asyncio.sleep(0.1)
         finally:
             assert await stop(proc) == 0
+        # At the default (info) level a scrape is not news: httpx's per-request line stays out of the log.
+        log = (await proc.stderr.read()).decode()
+        assert up.requests >= 3 and "HTTP Request:" not in log, log[-2000:]
 
 
 async def test_readyz_does_not_depend_on_vllm():
