@@ -184,10 +184,13 @@ async def test_restart(server, scenario_dir, vocab_size):
     rows = make_rows(obs.samples, server.metrics_url, marks["kill"])
     write_timeline(rows, scenario_dir / "timeline-nohint.txt")
     rel = {k: round(v - marks["kill"], 1) for k, v in marks.items()}
-    down = [r for r in rows if 3.0 <= r.t <= rel["healthy"]]
+    # Down = the test's own read of vLLM failed. vLLM serves /metrics a moment before the "healthy"
+    # mark (the harness's /health poll), so a time bound alone would catch kvwatch's first good
+    # scrape. kvwatch scrapes before the test reads vLLM in each sample, so it can only be down too.
+    down = [r for r in rows if 3.0 <= r.t <= rel["healthy"] and r.running is None]
     # README: unreachable = no successful scrape in the (10 s) window
-    unreachable_zone = [r for r in rows if 10.0 + 3.0 <= r.t < rel["healthy"]]
-    stale_zone = [r for r in rows if 5.0 + 3.0 <= r.t <= rel["healthy"]]
+    unreachable_zone = [r for r in down if r.t >= 10.0 + 3.0]
+    stale_zone = [r for r in down if r.t >= 5.0 + 3.0]
     after = [r for r in rows if r.t >= rel["healthy"] + 3.0]
     sat2 = [r for r in rows if r.t >= rel["load2"] + WARMUP and r.waiting and r.waiting > 0 and r.up == 1]
     negatives = [(r.t, k, r.kw[k]) for r in rows for k in NON_NEGATIVE
