@@ -68,8 +68,9 @@ class Thresholds:
     admission_stall: float = 0.90
     preemption_risk: float = 0.95
     stall_seconds: float = 5.0  # no token progress with requests present for this long = stalled
-    # Samples with a queue before a ceiling is named by elimination: at 1-s scrapes the first sample of a
-    # KV-bound queue often shows KV usage a step behind admission.
+    # Samples in a row with a queue before a ceiling is named by elimination: at 1-s scrapes the first
+    # sample of a KV-bound queue often shows KV usage a step behind admission, and Poisson traffic
+    # leaves an odd sample with a couple of requests not yet admitted.
     min_queue_samples: int = 2
 
 
@@ -272,9 +273,9 @@ def diagnose_engine(s: Signals, hints: Hints = Hints(), th: Thresholds = Thresho
         # One request caught between arrival and admission is not a queue: Poisson traffic does that.
         ev.append(f"{_n(waiting)} request waiting briefly; no limit binding")
         return d
-    if s.waiting_samples < th.min_queue_samples:
-        # Naming a ceiling by elimination this early would blip max_num_seqs at the start of every
-        # queue, KV-bound ones included: wait for the next sample.
+    if s.waiting_streak < th.min_queue_samples:
+        # Naming a ceiling by elimination from one sample would blip max_num_seqs at the start of every
+        # queue, KV-bound ones included, and on stray arrivals: wait for the queue to persist.
         ev.append(f"{_n(waiting)} waiting with {_n(running)} running: a queue has just formed, no limit named yet")
         return d
     # No hint: by elimination, the sequence ceiling, inferred as Running's peak while requests waited.

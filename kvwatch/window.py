@@ -142,6 +142,7 @@ class Signals:
     running_max_waiting: float | None = None
     running_at_max_samples: int = 0  # samples (with requests waiting) that read that peak
     waiting_samples: int = 0  # samples in the window with requests waiting
+    waiting_streak: int = 0  # the latest samples in a row with requests waiting
     waiting_recent_min: float | None = None  # > 0 when the queue persisted over the last RECENT samples
     waiting_mean: float | None = None
     prompt_tokens_per_second: float | None = None  # prefill work done (cached tokens excluded when known)
@@ -250,6 +251,10 @@ def summarize(history: EngineHistory, now: float, window_seconds: float) -> Sign
     waiting = [p.gauges["requests_waiting"] for p in pts if "requests_waiting" in p.gauges]
     if waiting:
         s.waiting_mean = sum(waiting) / len(waiting)
+        for p in reversed(pts):
+            if p.gauges.get("requests_waiting", 0.0) <= 0:
+                break
+            s.waiting_streak += 1
         if len(recent) >= RECENT:
             s.waiting_recent_min = min(p.gauges.get("requests_waiting", 0.0) for p in recent)
 

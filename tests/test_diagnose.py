@@ -43,7 +43,7 @@ def test_each_capture_is_diagnosed_as_its_folder_says(scenario, with_hints):
         assert d.bottleneck == e.bottleneck
         if e.signals.requests_waiting:
             waiting_moments += 1
-            if e.signals.waiting_samples < 2 and e.bottleneck == "none":
+            if e.signals.waiting_streak < 2 and e.bottleneck == "none":
                 # A queue's first sample names no ceiling by elimination (no other limit is in sight yet).
                 assert "just formed" in " ".join(e.evidence) and expected_while_waiting == "max_num_seqs"
                 continue
@@ -83,9 +83,9 @@ def test_a_queue_is_not_blamed_on_an_inferred_ceiling_from_its_first_sample():
     timeline = replay("max_num_seqs")
     i = next(i for i, d in enumerate(timeline) if d.engines[0].signals.requests_waiting)
     first, second = timeline[i].engines[0], timeline[i + 1].engines[0]
-    assert first.signals.waiting_samples == 1 and first.bottleneck == "none"
+    assert first.signals.waiting_streak == 1 and first.bottleneck == "none"
     assert "a queue has just formed" in first.evidence[0] and first.max_num_seqs is None
-    assert second.signals.waiting_samples == 2 and second.bottleneck == "max_num_seqs"
+    assert second.signals.waiting_streak == 2 and second.bottleneck == "max_num_seqs"
     assert second.max_num_seqs == (2, "inferred")
 
 
