@@ -18,15 +18,7 @@ import json
 import time
 
 from bench.procs import get, kvwatch_run, payload_server, rss_kib
-
-
-def _slope(xs: list[float], ys: list[float]) -> float | None:
-    n = len(xs)
-    if n < 3:
-        return None
-    mx, my = sum(xs) / n, sum(ys) / n
-    den = sum((x - mx) ** 2 for x in xs)
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / den if den else None
+from kvwatch.window import _slope  # the least-squares slope kvwatch's KV trend uses
 
 
 def measure(cycles: int = 10_000, interval: float = 0.03, timeout: float = 0.025, window: float = 0.06) -> dict:
