@@ -29,17 +29,17 @@ def measure(cycles: int = 10_000, interval: float = 0.03, timeout: float = 0.025
         with kvwatch_run(targets, *flags) as (proc, kv):
             started = time.monotonic()
             last_scrape = 0.0
-            progress = (0, 0, started)
+            done, progressed = 0, started  # cycles both targets have had; when that last grew
             while True:
                 req = json.loads(get(srv + "/stats"))["requests"]
                 a, b = req.get("a", 0), req.get("b", 0)
-                if min(a, b) > min(progress[:2]):
-                    progress = (a, b, time.monotonic())
-                elif time.monotonic() - progress[2] > 30:  # a target no longer scraped: report, never hang
+                if min(a, b) > done:
+                    done, progressed = min(a, b), time.monotonic()
+                elif time.monotonic() - progressed > 30:  # a target no longer scraped: report, never hang
                     raise RuntimeError(f"no scrape progress for 30 s at {a} cycles of (a), {b} of (b)")
                 rss, hwm = rss_kib(proc.pid)
                 samples.append((b, a, rss))
-                if min(a, b) >= cycles:  # both targets, not whichever happens to lead
+                if done >= cycles:  # both targets, not whichever happens to lead
                     break
                 now = time.monotonic()
                 if now - last_scrape >= 1.0:
