@@ -61,7 +61,7 @@ class Fetcher:
 
     def _client(self, url: str) -> httpx.AsyncClient:
         client = self.clients.get(url)
-        if client is None or client.is_closed:
+        if client is None:  # first fetch, or the last one failed and _discard dropped it
             client = self.clients[url] = httpx.AsyncClient(
                 verify=self._ssl,
                 timeout=None,  # the deadline is fetch()'s, over the whole fetch
