@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from .harness import ARTIFACTS, E2E_DIR, VllmServer, log
+from .harness import ARTIFACTS, E2E_DIR, VllmServer, log, tail
 
 
 @pytest.fixture(scope="session")
@@ -86,10 +86,24 @@ def server_factory(vllm_python: str, model_dir: Path):
         started.append(s)
         return s
 
+    make.started = started
     yield make
     for s in started:
         log(f"stopping vLLM :{s.port}")
         s.stop()
+
+
+@pytest.fixture(autouse=True)
+def vllm_alive(server_factory):
+    """A module's server that died during an earlier test is restarted first, with its last words in the
+    log, so that one crash fails one test and not every test after it."""
+    for s in server_factory.started:
+        if not s.healthy():
+            log(f"vLLM :{s.port} is down before this test (exit {s.proc.returncode if s.proc else None}); "
+                f"its log ends:\n{tail(s.log_path, 15)}\nrestarting it")
+            s.stop()
+            s.start_and_wait()
+    yield
 
 
 def _rng(d: dict, nd: int = 2) -> str:
@@ -113,7 +127,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         if "load_result" in s:
             lr = s["load_result"]
             w.write_line(f"  load: {s['load']} -> ok {lr['ok']}, failed {lr['failed']}, cancelled {lr['cancelled']} "
-                         f"in {lr['seconds']} s; recording: {s['record']['files']} files (rc {s['record']['rc']})")
+                         f"in {lr['seconds']} s ({len(s.get('load_rounds', [0]))} round(s)); "
+                         f"recording: {s['record']['files']} files (rc {s['record']['rc']})")
         sat = s.get("saturated") or {}
         if "samples" in sat:
             sat = {"nohint": sat}
@@ -133,14 +148,14 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         if "onsets" in s:
             lat = [f"{o['latency_s']} (reads {o.get('read_gap_s')} s apart)" for o in s["onsets"]]
             w.write_line(f"  detection latency over {len(lat)} onsets, s = intervals: {', '.join(lat)}; median "
-                         f"{s['median_latency_s']}")
+                         f"{s['median_latency_s']}; bursts the test's reads could not judge: {len(s['unjudged'])}")
         if "detection" in s and s["detection"].get("latency_s") is not None:
             d = s["detection"]
             w.write_line(f"  detection latency (vLLM's KV-bound onset -> kvwatch_bottleneck kv_cache): "
                          f"{d['latency_s']:.2f} s = {d['latency_s'] / d['interval_s']:.2f} intervals "
                          f"(reads {d['read_gap_s']} s apart there; onset {d['onset_s']} s into the load)")
         for k in ("observed_mean_running", "estimated_max_concurrency_median", "vllm_mean_step_tokens"):
-            if k in s:
+            if s.get(k) is not None:
                 w.write_line(f"  {k}: {s[k]:.2f}")
         if "marks_relative_to_kill" in s:
             w.write_line(f"  marks (s from kill): {s['marks_relative_to_kill']}; while down: {s['down']}; "

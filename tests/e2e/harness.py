@@ -170,6 +170,15 @@ class VllmServer(ManagedProcess):
     def metrics_url(self) -> str:
         return f"{self.base_url}/metrics"
 
+    def healthy(self) -> bool:
+        """Running, and GET /health answers 200 (the API server can outlive a dead engine)."""
+        if not self.running():
+            return False
+        try:
+            return httpx.get(f"{self.base_url}/health", timeout=10.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+
     def start_and_wait(self, timeout: float = 420.0) -> float:
         """Start the server and block until GET /health is 200. Raises (never skips) if it cannot start."""
         t0 = time.monotonic()
@@ -291,6 +300,20 @@ class LoadResult:
     @property
     def seconds(self) -> float:
         return self.ended - self.started
+
+    def add(self, other: LoadResult) -> LoadResult:
+        """This round and a later one as one result."""
+        for k in ("sent", "ok", "failed", "cancelled", "prompt_tokens", "completion_tokens"):
+            setattr(self, k, getattr(self, k) + getattr(other, k))
+        self.errors += other.errors
+        self.ended = other.ended
+        return self
+
+    def failure(self, server: VllmServer) -> str:
+        """A short assertion message for failed requests: how many, the first errors, and whether vLLM lives."""
+        state = "still running" if server.running() else \
+            f"exited with {server.proc.returncode if server.proc else None}: {tail(server.log_path, 3)}"
+        return f"{self.failed} of {self.sent} requests failed, e.g. {self.errors[:2]}; vLLM {state}"
 
     def as_dict(self) -> dict:
         d = {k: v for k, v in self.__dict__.items() if k != "errors"}
@@ -426,68 +449,51 @@ class Sample:
 
 
 class Observer:
-    """Samples kvwatch's /metrics (and vLLM's, as independent ground truth) about once a second."""
+    """Reads kvwatch's /metrics and /api/v1/diagnosis and vLLM's /metrics (independent ground truth) every
+    ``period`` s, in a process of its own (tests/e2e/observe.py) whose JSON lines, kept at ``out``, are read
+    back as ``samples``. Its own process and session: under autogroup scheduling (a Linux default) CPU is
+    shared between sessions first, so the reads keep their cadence however busy the test's process is."""
 
-    def __init__(self, kvwatch_url: str, vllm_metrics_url: str | None, period: float = 1.0):
-        self.kvwatch_url = kvwatch_url
-        self.vllm_metrics_url = vllm_metrics_url
-        self.period = period
-        self.samples: list[Sample] = []
-        self.raw: list[dict] = []
+    def __init__(self, kvwatch_url: str, vllm_metrics_url: str | None, out: Path, period: float = 1.0):
+        argv = [sys.executable, "-m", "tests.e2e.observe", "--kvwatch", kvwatch_url, "--every", f"{period:g}",
+                "--out", str(out)]
+        if vllm_metrics_url:
+            argv += ["--vllm", vllm_metrics_url]
+        out.unlink(missing_ok=True)
+        self.out = out
+        self.proc = ManagedProcess(argv, out.with_suffix(".observer.log"), env=project_env(), cwd=REPO)
+        self._samples: list[Sample] = []
+        self._read = 0  # bytes of ``out`` already parsed
         self._stop = asyncio.Event()
 
     async def run(self) -> None:
-        async with httpx.AsyncClient(timeout=2.0) as client:
-            while not self._stop.is_set():
-                t = time.time()
-                kv_text = vl_text = diagnosis = None
-                kv = vl = None
-                try:
-                    r = await client.get(f"{self.kvwatch_url}/metrics")
-                    if r.status_code == 200:
-                        kv_text = r.text
-                        kv = Snapshot(t, kv_text)
-                    r = await client.get(f"{self.kvwatch_url}/api/v1/diagnosis")
-                    if r.status_code == 200:
-                        diagnosis = r.json()
-                except (httpx.HTTPError, ValueError):
-                    pass
-                if self.vllm_metrics_url:
-                    try:
-                        r = await client.get(self.vllm_metrics_url)
-                        if r.status_code == 200:
-                            vl_text = r.text
-                            vl = Snapshot(t, vl_text)
-                    except httpx.HTTPError:
-                        pass
-                self.samples.append(Sample(t, kv, vl))
-                self.raw.append({"t": t, "diagnosis": diagnosis, "kvwatch": kv_text})
-                try:
-                    await asyncio.wait_for(self._stop.wait(), timeout=max(0.0, self.period - (time.time() - t)))
-                except asyncio.TimeoutError:
-                    pass
+        """Read until stop(); the tests run this as a task beside the load."""
+        self.proc.start()
+        try:
+            await self._stop.wait()
+        finally:
+            self.proc.stop(grace=5)
 
     def stop(self) -> None:
         self._stop.set()
 
-    def dump(self, path: Path) -> None:
-        """kvwatch's /api/v1/diagnosis and /metrics bodies, one JSON line per sample (what the test saw)."""
-        with open(path, "w") as f:
-            for r in self.raw:
-                f.write(json.dumps(r) + "\n")
-
-
-async def observe_while(observer: Observer, coro, settle: float = 0.0):
-    """Run ``coro`` (the load) with ``observer`` sampling; keep sampling ``settle`` s after it ends."""
-    task = asyncio.create_task(observer.run())
-    try:
-        result = await coro
-        if settle:
-            await asyncio.sleep(settle)
-        return result
-    finally:
-        observer.stop()
-        await task
+    @property
+    def samples(self) -> list[Sample]:
+        """Every complete line so far, parsed once."""
+        try:
+            with open(self.out, "rb") as f:
+                f.seek(self._read)
+                data = f.read()
+        except FileNotFoundError:
+            return self._samples
+        done = data.rfind(b"\n") + 1  # a line still being written waits for the next call
+        for line in data[:done].splitlines():
+            d = json.loads(line)
+            t = d["t"]
+            self._samples.append(Sample(t, Snapshot(t, d["kvwatch"]) if d["kvwatch"] else None,
+                                        Snapshot(t, d["vllm"]) if d["vllm"] else None))
+        self._read += done
+        return self._samples
 
 
 # --------------------------------------------------------------------------------------------- figures

@@ -14,7 +14,10 @@ import time
 import pytest
 
 from .harness import Kvwatch, Observer, Recorder, counts, drive_load, finite, log
-from .scenario import NON_NEGATIVE, describe, detection_latency, make_rows, run_scenario, save_summary, write_timeline
+from .scenario import (
+    MIN_SAMPLES, NON_NEGATIVE, after_timeout, brief, describe, detection_latency, make_rows, run_scenario,
+    saturated_rows, save_summary, vllm_preempted_between, write_timeline,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -38,7 +41,8 @@ def server(server_factory):
 
 async def test_kv_cache(server, scenario_dir, vocab_size):
     run = await run_scenario("kv_cache", scenario_dir, server, load=LOAD, vocab_size=vocab_size,
-                             variants={"nohint": []}, record_seconds=40, observe_every=OBSERVE_EVERY)
+                             variants={"nohint": []}, record_seconds=40, observe_every=OBSERVE_EVERY,
+                             min_saturated=MIN_SAMPLES, warmup=WARMUP)
     rows = run.rows["nohint"]
     sat = run.saturated("nohint", WARMUP)
     info = describe(sat)
@@ -46,12 +50,12 @@ async def test_kv_cache(server, scenario_dir, vocab_size):
     detection = detection_latency(rows) | {"interval_s": 1.0}
     run.write_summary(saturated=info, detection=detection)
     log(f"[kv_cache] detection: {detection}")
-    log(f"[kv_cache] saturated: {info}")
+    log(f"[kv_cache] saturated: {brief(info)}")
 
-    assert run.load.failed == 0, run.load.errors
+    assert run.load.failed == 0, run.load.failure(server)
     assert run.record_rc == 0 and run.record_files >= 20, (run.record_rc, run.record_files)
     # the scenario itself: vLLM really queued (ground truth, read from vLLM by the test)
-    assert len(sat) >= 10, f"too few saturated samples: {info}"
+    assert len(sat) >= MIN_SAMPLES, f"too few saturated samples: {brief(info)}"
     assert detection["onset_s"] is not None, "vLLM never reported the KV-bound state (waiting, KV >= 0.9 or preempting)"
     assert detection["detected_s"] is not None, f"kvwatch never said kv_cache after the onset: {detection}"
 
@@ -66,9 +70,13 @@ async def test_kv_cache(server, scenario_dir, vocab_size):
     assert bn.get("kv_cache", 0) >= SHARE * len(sat), f"bottleneck while waiting: {bn}"
     assert not {"max_num_seqs", "token_budget"} & set(bn), f"wrong limit named while waiting: {bn}"
 
-    # preemptions are seen
-    pre = [r.kw.get("preempt_ps") for r in sat]
-    assert all(p is not None and p > 0 for p in pre), f"kvwatch_preemptions_per_second while waiting: {pre}"
+    # preemptions are seen wherever vLLM's own counter (read by the test) rose inside kvwatch's 10 s window,
+    # with 2 s of slack at each end. When the first one comes depends on the machine's speed, so the
+    # ground truth says which samples must show it.
+    preempting = [r for r in sat if vllm_preempted_between(rows, r.t - 8.0, r.t - 2.0)]
+    assert preempting, f"vLLM never preempted while requests waited: {brief(info)}"
+    pre = [(r.t, r.kw.get("preempt_ps")) for r in preempting]
+    assert all(p is not None and p > 0 for _, p in pre), f"kvwatch_preemptions_per_second (t, value): {pre}"
 
     # estimated max concurrency ~ the Running that vLLM really sustained while requests waited
     observed = statistics.mean(r.running for r in sat)
@@ -83,6 +91,8 @@ async def test_kv_cache(server, scenario_dir, vocab_size):
 
 #: KV-bound bursts after an idle spell, each a fresh onset: 60 requests of 250 + 250 tokens (~8 fit)
 BURSTS = 3
+#: a burst whose onset the test could not judge (its reads came too far apart) is replaced, up to this many
+MAX_BURSTS = 6
 BURST = dict(num_requests=60, input_len=250, output_len=250, max_seconds=40)
 
 
@@ -95,42 +105,44 @@ async def test_detection_latency(server, scenario_dir, vocab_size):
     t_begin = time.monotonic()
     kw = Kvwatch(server.metrics_url, scenario_dir / "kvwatch-nohint.log")
     kw.start_and_wait()
-    obs = Observer(kw.url, server.metrics_url, OBSERVE_EVERY)
-    starts: list[tuple[float, float]] = []  # (start, end) wall clock of each burst
+    obs = Observer(kw.url, server.metrics_url, scenario_dir / "kvwatch-nohint.jsonl", OBSERVE_EVERY)
+    results: list[dict] = []    # bursts whose onset could be judged
+    unjudged: list[dict] = []   # the test's reads were too sparse to tell (see detection_latency)
     try:
         task = asyncio.create_task(obs.run())
         try:
-            for i in range(BURSTS):
+            for i in range(MAX_BURSTS):
                 await asyncio.sleep(4)  # idle: vLLM empty, kvwatch's last answer not kv_cache
                 t0 = time.time()
                 res = await drive_load(server.base_url, vocab_size=vocab_size, seed=10 + i, **BURST)
-                starts.append((t0, time.time()))
-                assert res.failed == 0, res.errors
+                t1 = time.time()
+                assert res.failed == 0, res.failure(server)
+                rows = [r for r in make_rows(obs.samples, server.metrics_url, t0) if -3.0 <= r.t <= t1 - t0]
+                write_timeline(rows, scenario_dir / f"timeline-burst{i + 1}.txt")
+                before = [r.bottleneck for r in rows if r.t < 0]
+                r = detection_latency(rows) | {"burst": i + 1, "before": counts(before)}
+                (results if r["judged"] else unjudged).append(r)
+                if len(results) >= BURSTS:
+                    break
         finally:
             obs.stop()
             await task
     finally:
         kw.stop(grace=5)
-    obs.dump(scenario_dir / "kvwatch-nohint.jsonl")
 
-    results = []
-    for i, (t0, t1) in enumerate(starts):
-        rows = [r for r in make_rows(obs.samples, server.metrics_url, t0) if -3.0 <= r.t <= t1 - t0]
-        write_timeline(rows, scenario_dir / f"timeline-burst{i + 1}.txt")
-        before = [r.bottleneck for r in rows if r.t < 0]
-        results.append(detection_latency(rows) | {"before": counts(before)})
     latencies = [r["latency_s"] for r in results if r["latency_s"] is not None]
     summary = {"scenario": "detection", "server_args": server.args, "bursts": BURST, "onsets": results,
-               "median_latency_s": statistics.median(latencies) if latencies else None, "interval_s": 1.0,
-               "server_startup_seconds": server.startup_seconds,
+               "unjudged": unjudged, "median_latency_s": statistics.median(latencies) if latencies else None,
+               "interval_s": 1.0, "server_startup_seconds": server.startup_seconds,
                "scenario_seconds": round(time.monotonic() - t_begin, 1)}
     save_summary(scenario_dir, summary)
     log(f"[detection] {json.dumps(summary, default=str)}")
 
-    for i, r in enumerate(results):
-        assert "kv_cache" not in r["before"], f"burst {i + 1}: kvwatch still said kv_cache before it began: {r}"
-        assert r["onset_s"] is not None, f"burst {i + 1}: vLLM never reported the KV-bound state: {r}"
-        assert r["detected_s"] is not None, f"burst {i + 1}: kvwatch never said kv_cache after the onset: {r}"
+    for r in results + unjudged:
+        assert "kv_cache" not in r["before"], f"burst {r['burst']}: kvwatch still said kv_cache before it began: {r}"
+    assert len(results) >= BURSTS, f"only {len(results)} bursts could be judged; the others: {unjudged}"
+    for r in results:
+        assert r["detected_s"] is not None, f"burst {r['burst']}: kvwatch never said kv_cache after the onset: {r}"
 
 
 # --------------------------------------------------------------------------------------------- restart
@@ -144,7 +156,7 @@ async def test_restart(server, scenario_dir, vocab_size):
     kw = Kvwatch(server.metrics_url, scenario_dir / "kvwatch-nohint.log")
     kw.start_and_wait()
     recorder = Recorder(server.metrics_url, scenario_dir / "recording", 150, scenario_dir / "kvwatch-record.log")
-    obs = Observer(kw.url, server.metrics_url)
+    obs = Observer(kw.url, server.metrics_url, scenario_dir / "kvwatch-nohint.jsonl")
     marks: dict[str, float] = {}
     t_begin = time.monotonic()
     try:
@@ -167,8 +179,16 @@ async def test_restart(server, scenario_dir, vocab_size):
             marks["healthy"] = time.time()
             await asyncio.sleep(3)
             marks["load2"] = time.time()
-            res2 = await drive_load(server.base_url, vocab_size=vocab_size, num_requests=120, input_len=250,
-                                    output_len=250, max_seconds=60, seed=2)
+            rounds2: list[float] = []  # as in run_scenario: again until the test has read enough samples
+            res2 = None
+            for i in range(3):
+                rounds2.append(time.time() - marks["kill"])
+                res = await drive_load(server.base_url, vocab_size=vocab_size, num_requests=120, input_len=250,
+                                       output_len=250, max_seconds=60, seed=2 + i)
+                res2 = res if res2 is None else res2.add(res)
+                now = make_rows(obs.samples, server.metrics_url, marks["kill"])
+                if len(saturated_rows(now, rounds2, WARMUP)) >= MIN_SAMPLES:
+                    break
             marks["load2_end"] = time.time()
             log(f"[restart] second load: {res2.as_dict()}")
             await asyncio.sleep(5)
@@ -180,7 +200,6 @@ async def test_restart(server, scenario_dir, vocab_size):
         kw.stop(grace=5)
         recorder.stop(grace=5)
 
-    obs.dump(scenario_dir / "kvwatch-nohint.jsonl")
     rows = make_rows(obs.samples, server.metrics_url, marks["kill"])
     write_timeline(rows, scenario_dir / "timeline-nohint.txt")
     rel = {k: round(v - marks["kill"], 1) for k, v in marks.items()}
@@ -192,13 +211,14 @@ async def test_restart(server, scenario_dir, vocab_size):
     unreachable_zone = [r for r in down if r.t >= 10.0 + 3.0]
     stale_zone = [r for r in down if r.t >= 5.0 + 3.0]
     after = [r for r in rows if r.t >= rel["healthy"] + 3.0]
-    sat2 = [r for r in rows if r.t >= rel["load2"] + WARMUP and r.waiting and r.waiting > 0 and r.up == 1]
+    sat2 = saturated_rows(rows, rounds2, WARMUP)
     negatives = [(r.t, k, r.kw[k]) for r in rows for k in NON_NEGATIVE
                  if r.kw.get(k) is not None and (not finite(r.kw[k]) or r.kw[k] < 0)]
     summary = {
         "scenario": "restart", "server_args": server.args,
         "marks_relative_to_kill": rel, "server_startup_seconds": server.startup_seconds,
-        "load1": res1.as_dict(), "load2": res2.as_dict(), "scenario_seconds": round(time.monotonic() - t_begin, 1),
+        "load1": res1.as_dict(), "load2": res2.as_dict(), "load2_rounds": len(rounds2),
+        "scenario_seconds": round(time.monotonic() - t_begin, 1),
         "record": {"rc": record_rc, "files": len(recorder.files())},
         "down": {"samples": len(down), "up": counts(r.up for r in down),
                  "target_bottleneck": counts(r.target_bottleneck for r in down),
@@ -213,15 +233,18 @@ async def test_restart(server, scenario_dir, vocab_size):
     stamps = [float(f.stem) for f in recorder.files()]  # <unix_time>.prom
     assert any(t < marks["kill"] for t in stamps) and any(t > marks["healthy"] for t in stamps), \
         f"kvwatch record: {len(stamps)} files, kill at {marks['kill']:.0f}, healthy at {marks['healthy']:.0f}"
-    assert len(down) >= 10, f"too few samples while vLLM was down: {len(down)}"
+    assert len(down) >= MIN_SAMPLES, f"too few samples while vLLM was down: {len(down)}"
     assert all(r.up == 0 for r in down), f"kvwatch_up while down: {counts(r.up for r in down)}"
     assert unreachable_zone and all(r.target_bottleneck == "unreachable" for r in unreachable_zone), \
         f"kvwatch_target_bottleneck while down: {counts(r.target_bottleneck for r in unreachable_zone)}"
     assert all(r.kw.get("usage") is None for r in stale_zone), "derived series not withdrawn while down"
     assert not negatives, f"negative or non-finite derived values: {negatives[:10]}"
     # diagnosis resumes: up again, per-engine series back, and the same server under the same load is kv_cache again
-    assert after and all(r.up == 1 for r in after), f"kvwatch_up after restart: {counts(r.up for r in after)}"
+    # up again after the restart. A scrape that timed out (the machine can stall for seconds under vLLM's
+    # load) reads 0 by design, so the samples right after a counted timeout are let off, and only those.
+    down_after = [(r.t, r.up) for r in after if r.up != 1 and not after_timeout(rows, r)]
+    assert after and not down_after, f"kvwatch_up after restart (t, up): {down_after}"
     assert all(r.bottleneck is not None and r.target_bottleneck not in (None, "unreachable") for r in after)
-    assert len(sat2) >= 5, f"too few saturated samples after restart: {describe(sat2)}"
+    assert len(sat2) >= MIN_SAMPLES, f"too few saturated samples after restart: {brief(describe(sat2))}"
     bn = counts(r.bottleneck for r in sat2)
     assert bn.get("kv_cache", 0) >= SHARE * len(sat2), f"bottleneck while waiting after restart: {bn}"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from .harness import counts, log
-from .scenario import describe, run_scenario
+from .scenario import MIN_SAMPLES, brief, describe, run_scenario
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -17,7 +17,8 @@ MAX_NUM_SEQS = 4
 SERVER_ARGS = ["--max-model-len", "1024", "--kv-cache-memory-bytes", str(128 * 1024 * 1024),
                "--max-num-seqs", str(MAX_NUM_SEQS)]
 #: two clients in a closed loop: never more than 2 of 4 sequences in use, nothing waits
-LIGHT = dict(num_requests=60, input_len=128, output_len=256, concurrency=2, max_seconds=40)
+#: (25-37 s here; max_seconds is a cap for a wedged server, with room for a slower machine)
+LIGHT = dict(num_requests=60, input_len=128, output_len=256, concurrency=2, max_seconds=120)
 #: 160 requests of 300 + 150 tokens at once: 4 run, the rest wait; KV stays near 5 %
 BURST = dict(num_requests=160, input_len=300, output_len=150, max_seconds=90)
 WARMUP = 5.0
@@ -35,12 +36,13 @@ async def test_healthy(server, scenario_dir, vocab_size):
     rows = [r for r in run.rows["nohint"] if r.up == 1]
     info = describe(rows)
     run.write_summary(up_rows=info)
-    log(f"[healthy] {info}")
-    assert run.load.failed == 0 and run.load.cancelled == 0, run.load.as_dict()
+    log(f"[healthy] {brief(info)}")
+    assert run.load.failed == 0, run.load.failure(server)
+    assert run.load.cancelled == 0, f"{run.load.cancelled} requests still running after {LIGHT['max_seconds']} s"
     assert run.record_rc == 0 and run.record_files >= 15, (run.record_rc, run.record_files)
     # the scenario itself: nothing ever waited in vLLM
     assert max(r.waiting for r in rows if r.waiting is not None) == 0, info["vllm_waiting"]
-    assert len(rows) >= 20, info
+    assert len(rows) >= 2 * MIN_SAMPLES, brief(info)
     assert set(counts(r.bottleneck for r in rows)) <= {"none", "idle"}, info["bottleneck"]
     assert set(counts(r.target_bottleneck for r in rows)) <= {"none", "idle"}, info["target_bottleneck"]
     assert "none" in counts(r.bottleneck for r in rows), f"never saw it serving: {info['bottleneck']}"
@@ -49,17 +51,17 @@ async def test_healthy(server, scenario_dir, vocab_size):
 async def test_max_num_seqs(server, scenario_dir, vocab_size):
     variants = {"hint": ["--max-num-seqs", str(MAX_NUM_SEQS)], "nohint": []}
     run = await run_scenario("max_num_seqs", scenario_dir, server, load=BURST, vocab_size=vocab_size,
-                             variants=variants, record_seconds=35)
-    assert run.load.failed == 0, run.load.errors
+                             variants=variants, record_seconds=35, min_saturated=MIN_SAMPLES, warmup=WARMUP)
+    assert run.load.failed == 0, run.load.failure(server)
     assert run.record_rc == 0 and run.record_files >= 20, (run.record_rc, run.record_files)
     sats = {v: run.saturated(v, WARMUP) for v in variants}
     run.write_summary(saturated={v: describe(s) for v, s in sats.items()})
     for v, sat in sats.items():
         info = describe(sat)
-        log(f"[max_num_seqs/{v}] saturated: {info}")
-        assert len(sat) >= 8, f"{v}: too few saturated samples: {info}"
+        log(f"[max_num_seqs/{v}] saturated: {brief(info)}")
+        assert len(sat) >= MIN_SAMPLES, f"{v}: too few saturated samples: {brief(info)}"
         # the scenario itself: the ceiling binds, KV has room
-        assert info["vllm_running"]["max"] == MAX_NUM_SEQS and info["vllm_kv"]["max"] < 0.5, info
+        assert info["vllm_running"]["max"] == MAX_NUM_SEQS and info["vllm_kv"]["max"] < 0.5, brief(info)
         bn = counts(r.bottleneck for r in sat)
         assert bn.get("max_num_seqs", 0) >= SHARE * len(sat), f"{v}: bottleneck while waiting: {bn}"
         assert "kv_cache" not in bn and "token_budget" not in bn, f"{v}: wrong limit named: {bn}"

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from .harness import counts, log
-from .scenario import describe, run_scenario
+from .harness import Sample, counts, log
+from .scenario import MIN_SAMPLES, brief, describe, run_scenario
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -26,36 +26,42 @@ def server(server_factory):
     return server_factory("token_budget", SERVER_ARGS)
 
 
-def vllm_step_tokens(rows_samples) -> float:
-    """Mean tokens per engine step from vLLM's own iteration_tokens_total histogram, over the given samples."""
-    pts = [(s.vllm.value("vllm:iteration_tokens_total_sum", engine="0"),
-            s.vllm.value("vllm:iteration_tokens_total_count", engine="0")) for s in rows_samples if s.vllm]
-    (s0, c0), (s1, c1) = pts[0], pts[-1]
-    return (s1 - s0) / (c1 - c0)
+def vllm_step_tokens(samples: list[Sample], saturated_at: set[float], t0: float) -> float | None:
+    """Mean tokens per engine step from vLLM's own iteration_tokens_total histogram, over the spans between
+    consecutive reads of vLLM that both saw requests waiting (``saturated_at``: their times less ``t0``), so
+    the drain at the end of a round of load never counts. None if there is no such span."""
+    read = [s for s in samples if s.vllm]
+    tokens = steps = 0.0
+    for a, b in zip(read, read[1:]):
+        if round(a.t - t0, 2) in saturated_at and round(b.t - t0, 2) in saturated_at:
+            tokens += b.vllm.value("vllm:iteration_tokens_total_sum", engine="0") - \
+                a.vllm.value("vllm:iteration_tokens_total_sum", engine="0")
+            steps += b.vllm.value("vllm:iteration_tokens_total_count", engine="0") - \
+                a.vllm.value("vllm:iteration_tokens_total_count", engine="0")
+    return tokens / steps if steps else None
 
 
 async def test_token_budget(server, scenario_dir, vocab_size):
     variants = {"hint": ["--max-num-batched-tokens", str(BUDGET)], "nohint": []}
     run = await run_scenario("token_budget", scenario_dir, server, load=BURST, vocab_size=vocab_size,
-                             variants=variants, record_seconds=40)
-    assert run.load.failed == 0, run.load.errors
+                             variants=variants, record_seconds=40, min_saturated=MIN_SAMPLES, warmup=WARMUP)
+    assert run.load.failed == 0, run.load.failure(server)
     assert run.record_rc == 0 and run.record_files >= 20, (run.record_rc, run.record_files)
     sats = {v: run.saturated(v, WARMUP) for v in variants}
-    # ground truth over the saturated period, from vLLM's own counters as the test read them
-    t_sat = [r.t for r in sats["nohint"]]
-    raw = [s for s in run.samples["nohint"] if t_sat and t_sat[0] <= s.t - run.t_load_start <= t_sat[-1]]
-    step = vllm_step_tokens(raw)
+    # ground truth while requests waited, from vLLM's own counters as the test read them
+    step = vllm_step_tokens(run.samples["nohint"], {r.t for r in sats["nohint"]}, run.t_load_start)
     run.write_summary(saturated={v: describe(s) for v, s in sats.items()}, vllm_mean_step_tokens=step)
-    log(f"[token_budget] vLLM mean step tokens while waiting: {step:.1f}")
+    log(f"[token_budget] vLLM mean step tokens while waiting: {step}")
+    assert step is not None, f"no two reads of vLLM in a row saw requests waiting: {brief(describe(sats['nohint']))}"
     # the scenario itself: steps are full, sequences and KV have room
     # (vLLM counts the token sampled when a prefill completes on top of the scheduled ones, so a full step can
     # read a little above the budget)
     assert 0.8 * BUDGET <= step <= 1.1 * BUDGET, step
     for v, sat in sats.items():
         info = describe(sat)
-        log(f"[token_budget/{v}] saturated: {info}")
-        assert len(sat) >= 10, f"{v}: too few saturated samples: {info}"
-        assert info["vllm_kv"]["max"] < 0.5 and info["vllm_running"]["max"] < 32, info
+        log(f"[token_budget/{v}] saturated: {brief(info)}")
+        assert len(sat) >= MIN_SAMPLES, f"{v}: too few saturated samples: {brief(info)}"
+        assert info["vllm_kv"]["max"] < 0.5 and info["vllm_running"]["max"] < 32, brief(info)
         bn = counts(r.bottleneck for r in sat)
         assert bn.get("token_budget", 0) >= SHARE * len(sat), f"{v}: bottleneck while waiting: {bn}"
         assert "kv_cache" not in bn and "max_num_seqs" not in bn, f"{v}: wrong limit named: {bn}"
