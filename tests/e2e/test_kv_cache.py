@@ -239,9 +239,9 @@ async def test_restart(server, scenario_dir, vocab_size):
         f"kvwatch_target_bottleneck while down: {counts(r.target_bottleneck for r in unreachable_zone)}"
     assert all(r.kw.get("usage") is None for r in stale_zone), "derived series not withdrawn while down"
     assert not negatives, f"negative or non-finite derived values: {negatives[:10]}"
-    # diagnosis resumes: up again, per-engine series back, and the same server under the same load is kv_cache again
-    # up again after the restart. A scrape that timed out (the machine can stall for seconds under vLLM's
-    # load) reads 0 by design, so the samples right after a counted timeout are let off, and only those.
+    # diagnosis resumes: up again, per-engine series back, and the same server under the same load is kv_cache again.
+    # A scrape that timed out (the machine can stall for seconds under vLLM's load) reads up 0 by design, so
+    # the samples right after a counted timeout are let off, and only those.
     down_after = [(r.t, r.up) for r in after if r.up != 1 and not after_timeout(rows, r)]
     assert after and not down_after, f"kvwatch_up after restart (t, up): {down_after}"
     assert all(r.bottleneck is not None and r.target_bottleneck not in (None, "unreachable") for r in after)
