@@ -164,3 +164,14 @@ def test_json_document_shape():
     assert all(set(r) == {"action", "why"} for r in e["recommendations"])
     assert {"kv_cache_usage_ratio", "requests_running", "requests_waiting"} <= set(e["signals"])
     assert captures("kv_cache")  # the capture set is what the README says it is
+
+
+def test_stray_arrivals_apart_do_not_name_a_ceiling_by_elimination():
+    # Three samples with a queue in the window, but not in a row (Poisson arrivals): the latest one alone
+    # says "just formed"; only a queue that persists into a second sample in a row is blamed on max_num_seqs.
+    stray = dict(requests_waiting=2.0, requests_running=6.0, kv_cache_usage_ratio=0.1, kv_usage_recent_max=0.1,
+                 preemptions_per_second=0.0, running_mean=6.0, running_recent_max=6.0, running_max_waiting=6.0,
+                 running_at_max_samples=3, waiting_samples=3, waiting_recent_min=0.0)
+    d = diagnose_engine(_sig(waiting_streak=1, **stray))
+    assert d.bottleneck == "none" and "just formed" in d.evidence[0]
+    assert diagnose_engine(_sig(waiting_streak=2, **stray)).bottleneck == "max_num_seqs"

@@ -178,3 +178,14 @@ def test_stall_is_measured_from_the_last_token():
         h.add(*_snap(t, 500 if t >= 3 else 100 * t, (0, 0, 0), waiting=3, running=2))
     s = summarize(h, 9, 20)
     assert s.stalled_seconds == 6  # last token at t=3
+
+
+def test_waiting_streak_counts_only_the_latest_samples_in_a_row():
+    # Stray arrivals two samples apart are not a queue that persisted: the streak restarts at every empty sample.
+    h = EngineHistory("m", "0", keep_seconds=100)
+    for t, waiting in enumerate([2, 0, 2, 0, 2]):
+        h.add(*_snap(t, 100 * t, (0, 0, 0), waiting=waiting, running=6))
+    s = summarize(h, 4, 10)
+    assert (s.waiting_samples, s.waiting_streak) == (3, 1)
+    h.add(*_snap(5, 500, (0, 0, 0), waiting=3, running=6))
+    assert summarize(h, 5, 10).waiting_streak == 2
