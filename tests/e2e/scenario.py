@@ -252,6 +252,29 @@ def describe(rows: list[Row]) -> dict:
     }
 
 
+async def drive_rounds(name: str, server: VllmServer, load: dict, vocab_size: int, observers: dict[str, Observer],
+                       t0: float, *, min_saturated: int, warmup: float, max_rounds: int = 3,
+                       seed: int = 0) -> tuple[LoadResult, list[float]]:
+    """Drive ``load`` (kwargs of drive_load), again with fresh prompts (up to ``max_rounds`` rounds) until
+    every observer has read ``min_saturated`` saturated samples. Returns the rounds' result as one, and when
+    each round began, in seconds from ``t0`` (the rows' clock)."""
+    rounds: list[float] = []
+    result: LoadResult | None = None
+    for i in range(max_rounds):
+        rounds.append(round(time.time() - t0, 2))
+        log(f"[{name}] load {load}" + (f", round {i + 1}" if i else ""))
+        res = await drive_load(server.base_url, vocab_size=vocab_size, seed=seed + i, **load)
+        log(f"[{name}] load done: {res.as_dict()}")
+        result = res if result is None else result.add(res)
+        seen = {v: len(saturated_rows(make_rows(o.samples, server.metrics_url, t0), rounds, warmup))
+                for v, o in observers.items()}
+        if min(seen.values()) >= min_saturated:
+            break
+        log(f"[{name}] saturated samples so far {seen}, fewer than {min_saturated}: the reads came far apart; "
+            "another round of the load")
+    return result, rounds
+
+
 async def run_scenario(
     name: str,
     scenario_dir: Path,
@@ -293,20 +316,8 @@ async def run_scenario(
         try:
             await asyncio.sleep(baseline)
             t_load_start = time.time()
-            rounds: list[float] = []
-            result: LoadResult | None = None
-            for i in range(max_rounds):
-                rounds.append(round(time.time() - t_load_start, 2))
-                log(f"[{name}] load {load}" + (f", round {i + 1}" if i else ""))
-                res = await drive_load(server.base_url, vocab_size=vocab_size, seed=i, **load)
-                log(f"[{name}] load done: {res.as_dict()}")
-                result = res if result is None else result.add(res)
-                seen = {v: len(saturated_rows(make_rows(o.samples, server.metrics_url, t_load_start), rounds, warmup))
-                        for v, o in observers.items()}
-                if min(seen.values()) >= min_saturated:
-                    break
-                log(f"[{name}] saturated samples so far {seen}, fewer than {min_saturated}: the test's reads "
-                    f"came far apart; another round of the load")
+            result, rounds = await drive_rounds(name, server, load, vocab_size, observers, t_load_start,
+                                                min_saturated=min_saturated, warmup=warmup, max_rounds=max_rounds)
             await asyncio.sleep(settle)
             # keep observing until the recording is complete
             while recorder.running() and time.monotonic() < record_deadline + 15:

@@ -15,8 +15,8 @@ import pytest
 
 from .harness import Kvwatch, Observer, Recorder, counts, drive_load, finite, log
 from .scenario import (
-    MIN_SAMPLES, NON_NEGATIVE, after_timeout, brief, describe, detection_latency, make_rows, run_scenario,
-    saturated_rows, save_summary, vllm_preempted_between, write_timeline,
+    MIN_SAMPLES, NON_NEGATIVE, after_timeout, brief, describe, detection_latency, drive_rounds, make_rows,
+    run_scenario, saturated_rows, save_summary, vllm_preempted_between, write_timeline,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
@@ -147,6 +147,8 @@ async def test_detection_latency(server, scenario_dir, vocab_size):
 
 # --------------------------------------------------------------------------------------------- restart
 
+#: after the restart: 120 requests of 250 + 250 tokens at once, KV-bound again
+LOAD2 = dict(num_requests=120, input_len=250, output_len=250, max_seconds=60)
 GAP_MIN = 12.0            # the server stays down at least this long (> kvwatch's 10 s window) before restart
 KILL_AFTER = 8.0          # seconds into the first load when vLLM is killed (SIGKILL to its process group)
 
@@ -179,16 +181,8 @@ async def test_restart(server, scenario_dir, vocab_size):
             marks["healthy"] = time.time()
             await asyncio.sleep(3)
             marks["load2"] = time.time()
-            rounds2: list[float] = []  # as in run_scenario: again until the test has read enough samples
-            res2 = None
-            for i in range(3):
-                rounds2.append(time.time() - marks["kill"])
-                res = await drive_load(server.base_url, vocab_size=vocab_size, num_requests=120, input_len=250,
-                                       output_len=250, max_seconds=60, seed=2 + i)
-                res2 = res if res2 is None else res2.add(res)
-                now = make_rows(obs.samples, server.metrics_url, marks["kill"])
-                if len(saturated_rows(now, rounds2, WARMUP)) >= MIN_SAMPLES:
-                    break
+            res2, rounds2 = await drive_rounds("restart", server, LOAD2, vocab_size, {"nohint": obs}, marks["kill"],
+                                               min_saturated=MIN_SAMPLES, warmup=WARMUP, seed=2)
             marks["load2_end"] = time.time()
             log(f"[restart] second load: {res2.as_dict()}")
             await asyncio.sleep(5)
