@@ -21,17 +21,10 @@ import time
 
 from aiohttp.test_utils import make_mocked_request
 from prometheus_client import CollectorRegistry
+from prometheus_client.aiohttp import make_aiohttp_handler
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvwatch.app import Monitor
-
-try:
-    from kvwatch.app import make_metrics_handler
-except ImportError:  # kvwatch before 0.1.0's performance work served prometheus_client's handler
-    from prometheus_client.aiohttp import make_aiohttp_handler
-
-    def make_metrics_handler(monitor, registry):
-        return make_aiohttp_handler(registry)
 from kvwatch.config import load_settings
 from kvwatch.export import KvwatchCollector
 
@@ -81,8 +74,8 @@ class Cycle:
         self.fetcher = _StubFetcher()
         self.monitor.fetcher = self.fetcher
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(KvwatchCollector(lambda: self.monitor.statuses.values()))
-        self.handler = make_metrics_handler(self.monitor, self.registry)
+        self.registry.register(KvwatchCollector(lambda: self.monitor.targets.values()))
+        self.handler = make_aiohttp_handler(self.registry)
         self.request = make_mocked_request("GET", "/metrics", headers={"Accept": PROMETHEUS_ACCEPT})
         self.rendered = b""
 
@@ -91,7 +84,7 @@ class Cycle:
         self.fetcher.body = body
         await self.monitor.scrape_once(TARGET)
         self.rendered = (await self.handler(self.request)).body
-        status = self.monitor.statuses[TARGET]
+        status = self.monitor.targets[TARGET]
         if not status.up:
             raise RuntimeError(f"bench: kvwatch refused the payload: {status.diagnosis.error}")
 
@@ -113,7 +106,7 @@ async def measure(bodies: list[str], rounds: int, warmup: int = 12) -> dict:
         base_t.append(t1 - t0)
         cyc_t.append(t2 - t1)
         ratios.append((t2 - t1) / (t1 - t0))
-    diag = cyc.monitor.statuses[TARGET].diagnosis
+    diag = cyc.monitor.targets[TARGET].diagnosis
     return {
         "rounds": rounds,
         "bytes": len(bodies[0].encode()),

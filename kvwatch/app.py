@@ -9,43 +9,28 @@ Large bodies are parsed in a worker thread so one huge target cannot freeze the 
 from __future__ import annotations
 
 import asyncio
-import functools
 import html
 import json
 import logging
 import time
 
-from aiohttp import hdrs, web
+from aiohttp import web
 from prometheus_client import CollectorRegistry
-from prometheus_client import exposition as _text_format
 from prometheus_client.aiohttp import make_aiohttp_handler
-from prometheus_client.openmetrics import exposition as _om_format
 
 from kvwatch import __version__
 from kvwatch.config import Settings
-from kvwatch.diagnose import Hints, Thresholds
-from kvwatch.export import KvwatchCollector, TargetStatus, render
+from kvwatch.catalog import most_severe
+from kvwatch.export import KvwatchCollector
 from kvwatch.parse import ParseError, parse
 from kvwatch.normalize import keep_family
 from kvwatch.scrape import FetchConfig, Fetcher, ScrapeError
-from kvwatch.state import NoVllmMetrics, TargetState
+from kvwatch.state import NoVllmMetrics, Target
 
 __all__ = ["Monitor", "make_app", "serve"]
 
 log = logging.getLogger("kvwatch")
 OFF_LOOP_BYTES = 256 * 1024  # parse bodies larger than this in a thread
-
-
-def hints_of(settings: Settings) -> Hints:
-    return Hints(settings.max_num_seqs, settings.max_num_batched_tokens, settings.max_model_len)
-
-
-def thresholds_of(settings: Settings) -> Thresholds:
-    return Thresholds(
-        admission_stall=settings.admission_stall_threshold,
-        preemption_risk=settings.preemption_risk_threshold,
-        stall_seconds=max(5.0, 3 * settings.interval),
-    )
 
 
 class Monitor:
@@ -54,18 +39,7 @@ class Monitor:
     def __init__(self, settings: Settings, clock=time.time):
         self.settings = settings
         self.clock = clock
-        self.states = {
-            t: TargetState(
-                t,
-                window_seconds=settings.window,
-                stale_after_seconds=settings.stale_after,
-                max_engines=settings.max_engines,
-                hints=hints_of(settings),
-                thresholds=thresholds_of(settings),
-            )
-            for t in settings.target
-        }
-        self.statuses = {t: TargetStatus(t) for t in settings.target}
+        self.targets = {t: Target.from_settings(t, settings) for t in settings.target}
         self.fetcher: Fetcher | None = None
         self._tasks: list[asyncio.Task] = []
         self.scrapes = 0  # completed scrape attempts, all targets (tests and the demo wait on it)
@@ -120,7 +94,8 @@ class Monitor:
             await asyncio.sleep(next_tick - now)
 
     async def scrape_once(self, target: str) -> None:
-        state, status = self.states[target], self.statuses[target]
+        state = self.targets[target]
+        was_up = state.up
         started = time.perf_counter()
         t = self.clock()
         try:
@@ -137,28 +112,24 @@ class Monitor:
             except NoVllmMetrics as e:
                 raise ScrapeError("no_vllm_metrics", str(e)) from None
         except ScrapeError as e:
-            status.errors[e.reason] += 1
+            state.errors[e.reason] += 1
             state.observe_failure(t, str(e))
-            if status.up:
+            if was_up:
                 log.warning("scrape of %s failed: %s", target, e)
-            status.up = False
         else:
-            if not status.up:
+            if not was_up:
                 log.info("scraping %s", target)
-            status.up = True
-        status.scrape_duration_seconds = time.perf_counter() - started
-        status.diagnosis = state.diagnose(self.clock())
+        state.scrape_duration_seconds = time.perf_counter() - started
+        state.diagnosis = state.diagnose(self.clock())
         self.scrapes += 1
 
     def diagnosis_json(self) -> dict:
         docs = []
         for t in self.settings.target:
-            d = self.statuses[t].diagnosis
+            d = self.targets[t].diagnosis
             docs.append(d.as_dict() if d else {"timestamp": None, "target": t, "up": False, "bottleneck": "unreachable", "engines": []})
         if len(docs) == 1:
             return docs[0]
-        from kvwatch.diagnose import most_severe
-
         return {"timestamp": self.clock(), "bottleneck": most_severe([d["bottleneck"] for d in docs]), "targets": docs}
 
 
@@ -168,48 +139,11 @@ LANDING = """<!doctype html><html><head><title>kvwatch</title></head><body>
 <li><a href="healthz">/healthz</a></li><li><a href="readyz">/readyz</a></li></ul></body></html>"""
 
 MONITOR = web.AppKey("monitor", Monitor)
-_PLAIN_ESCAPINGS = (_om_format.UNDERSCORES, _om_format.ALLOWUTF8)  # identical output for kvwatch's names
-
-
-def _render_format(encoder) -> bool | None:
-    """For the encoder prometheus_client negotiated: False if ``export.render`` writes the same text
-    format, True if the same OpenMetrics 1.0.0, None if only prometheus_client does (other versions,
-    other name escapings)."""
-    if encoder is _text_format.generate_latest:
-        return False
-    if isinstance(encoder, functools.partial) and not encoder.args:
-        kw = encoder.keywords
-        if kw.get("escaping") in _PLAIN_ESCAPINGS:
-            if encoder.func is _text_format.generate_latest and set(kw) == {"escaping"}:
-                return False
-            if encoder.func is _om_format.generate_latest and kw.get("version") == "1.0.0" and len(kw) == 2:
-                return True
-    return None
-
-
-def make_metrics_handler(monitor: Monitor, registry: CollectorRegistry):
-    """``/metrics``: prometheus_client's content negotiation, headers and compression, with the body
-    written by ``export.render`` (the same bytes, several times faster); anything it does not cover
-    (``name[]`` filters, other formats) is served by prometheus_client's own handler."""
-    fallback = make_aiohttp_handler(registry)
-
-    async def metrics(request: web.Request) -> web.Response:
-        accept = ",".join(request.headers.getall(hdrs.ACCEPT, []))
-        encoder, content_type = _text_format.choose_encoder(accept)
-        openmetrics = None if "name[]" in request.query else _render_format(encoder)
-        if openmetrics is None:
-            return await fallback(request)
-        body = render(monitor.statuses.values(), openmetrics)
-        response = web.Response(status=200, headers={"Content-Type": content_type}, body=body)
-        response.enable_compression()
-        return response
-
-    return metrics
 
 
 def make_app(monitor: Monitor) -> web.Application:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(KvwatchCollector(lambda: monitor.statuses.values()))
+    registry.register(KvwatchCollector(lambda: monitor.targets.values()))
 
     @web.middleware
     async def server_header(request, handler):
@@ -232,7 +166,7 @@ def make_app(monitor: Monitor) -> web.Application:
         return web.Response(text="ok\n")
 
     app.router.add_get("/", landing)
-    app.router.add_get("/metrics", make_metrics_handler(monitor, registry))
+    app.router.add_get("/metrics", make_aiohttp_handler(registry))
     app.router.add_get("/api/v1/diagnosis", diagnosis)
     app.router.add_get("/healthz", ok)
     app.router.add_get("/readyz", ok)

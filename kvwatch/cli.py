@@ -18,9 +18,9 @@ from pathlib import Path
 
 from kvwatch import __version__
 from kvwatch.config import ConfigError, Settings, load_settings
-from kvwatch.diagnose import SEVERITY
+from kvwatch.catalog import Bottleneck
 from kvwatch.parse import ParseError
-from kvwatch.state import NoVllmMetrics, TargetDiagnosis, TargetState
+from kvwatch.state import NoVllmMetrics, Target, TargetDiagnosis
 
 SUBCOMMANDS = ("run", "diagnose", "record", "sim", "demo", "logs")
 
@@ -122,7 +122,7 @@ class _History:
     @staticmethod
     def _badness(d: TargetDiagnosis) -> tuple[int, float]:
         # The most severe state; among equals, the moment with the longest queue.
-        return SEVERITY[d.bottleneck], sum((e.signals.requests_waiting or 0) for e in d.engines if e.signals)
+        return Bottleneck(d.bottleneck).severity, sum((e.signals.queue.waiting or 0) for e in d.engines)
 
     def add(self, d: TargetDiagnosis) -> None:
         self.seen[d.bottleneck] += 1
@@ -166,7 +166,7 @@ def _replay(args, settings: Settings) -> int:
     if not files:
         raise ConfigError(f"invalid setting --replay: no <unix_time>.prom files in {str(d)!r}")
     files.sort()
-    state = _state(str(d), settings)
+    state = Target.from_settings(str(d), settings)
     hist = _History()
     final = None
     for t, f in files:
@@ -183,26 +183,13 @@ def _replay(args, settings: Settings) -> int:
     return 0
 
 
-def _state(target: str, settings: Settings) -> TargetState:
-    from kvwatch.app import hints_of, thresholds_of
-
-    return TargetState(
-        target,
-        window_seconds=settings.window,
-        stale_after_seconds=settings.stale_after,
-        max_engines=settings.max_engines,
-        hints=hints_of(settings),
-        thresholds=thresholds_of(settings),
-    )
-
-
 async def _diagnose_live(args, settings: Settings) -> int:
     from kvwatch.app import Monitor
 
     monitor = Monitor(settings)
     hist = _History()
     await monitor.start()
-    status = monitor.statuses[settings.target[0]]
+    status = monitor.targets[settings.target[0]]
     try:
         end = time.monotonic() + args.duration
         seen = 0

@@ -13,11 +13,15 @@ from urllib.parse import urlsplit
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from kvwatch.catalog import Thresholds
+from kvwatch.diagnose import Hints
+
 __all__ = ["ConfigError", "DEFAULT_LISTEN", "DEFAULT_PORT", "Settings", "load_settings"]
 
 DEFAULT_PORT = 9847
 DEFAULT_LISTEN = f"0.0.0.0:{DEFAULT_PORT}"
 LOG_LEVELS = ("debug", "info", "warning", "error")
+_DEFAULT = Thresholds()
 
 
 class ConfigError(ValueError):
@@ -40,8 +44,8 @@ class Settings(BaseSettings):
     max_num_seqs: int | None = Field(None, gt=0)
     max_num_batched_tokens: int | None = Field(None, gt=0)
     max_model_len: int | None = Field(None, gt=0)
-    admission_stall_threshold: float = Field(0.90, gt=0, le=1)
-    preemption_risk_threshold: float = Field(0.95, gt=0, le=1)
+    admission_stall_threshold: float = Field(_DEFAULT.admission_stall, gt=0, le=1)
+    preemption_risk_threshold: float = Field(_DEFAULT.preemption_risk, gt=0, le=1)
     max_engines: int = Field(64, gt=0)
     log_level: str = "info"
 
@@ -96,6 +100,24 @@ class Settings(BaseSettings):
         if self.window < 2 * self.interval:
             raise ValueError(f"--window ({self.window:g}) must cover at least two --interval ({self.interval:g})")
         return self
+
+    @property
+    def stall_seconds(self) -> float:
+        """No progress for this long with requests present is a stall: at least 3 scrapes, so one slow
+        scrape is never mistaken for one."""
+        return max(_DEFAULT.stall_seconds, 3 * self.interval)
+
+    @property
+    def hints(self) -> Hints:
+        return Hints(self.max_num_seqs, self.max_num_batched_tokens, self.max_model_len)
+
+    @property
+    def thresholds(self) -> Thresholds:
+        return Thresholds(
+            admission_stall=self.admission_stall_threshold,
+            preemption_risk=self.preemption_risk_threshold,
+            stall_seconds=self.stall_seconds,
+        )
 
     @property
     def scrape_timeout(self) -> float:

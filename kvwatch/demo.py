@@ -62,13 +62,13 @@ def render_engine(d: Diagnosis, stall: float, risk: float) -> list[str]:
     s = d.signals
     lines = [
         f"  engine {d.engine} ({d.model_name}): bottleneck = {d.bottleneck.upper()}",
-        f"    KV cache   {_bar(s.kv_cache_usage_ratio, stall, risk)}   (| {stall:.0%} admission stall, ! {risk:.0%} preemption)",
-        f"    requests   running {_num(s.requests_running)}  waiting {_num(s.requests_waiting)}"
-        f"  est. max concurrency {_num(s.estimated_max_concurrency, '{:.1f}')}"
+        f"    KV cache   {_bar(s.kv.usage_ratio, stall, risk)}   (| {stall:.0%} admission stall, ! {risk:.0%} preemption)",
+        f"    requests   running {_num(s.queue.running)}  waiting {_num(s.queue.waiting)}"
+        f"  est. max concurrency {_num(s.capacity.estimated_max_concurrency, '{:.1f}')}"
         + (f"  max_num_seqs {d.max_num_seqs[0]} ({d.max_num_seqs[1]})" if d.max_num_seqs else ""),
-        f"    tokens/s   prompt {_num(s.prompt_tokens_per_second)}  generation {_num(s.generation_tokens_per_second)}"
-        f"  {'<- THROUGHPUT GAP' if s.throughput_gap else ''}",
-        f"    preemptions/s {_num(s.preemptions_per_second, '{:.1f}')}   tokens/step {_num(s.engine_step_tokens)}",
+        f"    tokens/s   prompt {_num(s.throughput.prompt_tokens_per_second)}  generation {_num(s.throughput.generation_tokens_per_second)}"
+        f"  {'<- THROUGHPUT GAP' if s.throughput.gap else ''}",
+        f"    preemptions/s {_num(s.throughput.preemptions_per_second, '{:.1f}')}   tokens/step {_num(s.throughput.engine_step_tokens)}",
     ]
     for e in d.evidence:
         lines.append(f"    - {e}")
@@ -80,11 +80,11 @@ def render_engine(d: Diagnosis, stall: float, risk: float) -> list[str]:
 def plain_line(elapsed: float, phase: str, d: Diagnosis) -> str:
     s = d.signals
     top = f" -> {d.recommendations[0].action}" if d.recommendations else ""
-    kv = "-" if s.kv_cache_usage_ratio is None else f"{s.kv_cache_usage_ratio:.0%}"
+    kv = "-" if s.kv.usage_ratio is None else f"{s.kv.usage_ratio:.0%}"
     return (
         f"[{elapsed:6.1f}s] sim phase {phase:<14} engine {d.engine}: {d.bottleneck:<13} "
-        f"KV {kv:>4}, running {_num(s.requests_running)}, waiting {_num(s.requests_waiting)}, "
-        f"preemptions/s {_num(s.preemptions_per_second, '{:.1f}')}{top}"
+        f"KV {kv:>4}, running {_num(s.queue.running)}, waiting {_num(s.queue.waiting)}, "
+        f"preemptions/s {_num(s.throughput.preemptions_per_second, '{:.1f}')}{top}"
     )
 
 
@@ -126,7 +126,7 @@ async def run_demo(args) -> int:
                     break
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), 1.0 if tty else settings.interval)
-                diag = monitor.statuses[sim.url].diagnosis
+                diag = monitor.targets[sim.url].diagnosis
                 if diag is None:
                     continue
                 elapsed = time.monotonic() - started

@@ -14,44 +14,32 @@ How vLLM's V1 scheduler admits a waiting request, and so what each bottleneck lo
 vLLM's ``num_requests_waiting_by_reason{reason="capacity"}`` does not say which of these it is; the
 1-second prompt-throughput gap alone does not either (it shows under any gated admission), so the
 rules weigh KV usage and preemptions first.
+
+The rules are ``RULES``, an ordered tuple of small functions ``(signals, hints, thresholds) -> Verdict |
+None``: the first verdict wins. A verdict carries facts; ``SENTENCES`` turns them into evidence, in one place.
 """
 
 from __future__ import annotations
 
 import math
+import string
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from kvwatch.catalog import Action, Bottleneck, KvPressure, Source, Thresholds, most_severe
 from kvwatch.window import Signals
 
 __all__ = [
-    "ACTIONS",
-    "BOTTLENECKS",
     "Diagnosis",
     "Hints",
+    "RULES",
     "Recommendation",
     "Thresholds",
+    "Verdict",
     "diagnose_engine",
     "kv_pressure",
     "most_severe",
-    "unreachable",
 ]
-
-BOTTLENECKS = ("idle", "none", "kv_cache", "max_num_seqs", "token_budget", "stalled", "unreachable")
-# Higher is worse: the overall bottleneck of a target is its worst engine's.
-SEVERITY = {"idle": 0, "none": 1, "token_budget": 2, "max_num_seqs": 3, "kv_cache": 4, "unreachable": 5, "stalled": 6}
-# In order of cost to apply.
-ACTIONS = (
-    "fp8_kv_cache",
-    "enable_prefix_caching",
-    "reduce_max_model_len",
-    "raise_gpu_memory_utilization",
-    "raise_max_num_seqs",
-    "lower_max_num_seqs",
-    "raise_max_num_batched_tokens",
-    "add_replica",
-    "restart_engine",
-)
-KV_STATES = ("ok", "admission_stall", "preemption_risk")
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,35 +52,41 @@ class Hints:
 
 
 @dataclass(frozen=True, slots=True)
-class Thresholds:
-    admission_stall: float = 0.90
-    preemption_risk: float = 0.95
-    stall_seconds: float = 5.0  # no token progress with requests present for this long = stalled
-    # Samples in a row with a queue before a ceiling is named by elimination: at 1-s scrapes the first
-    # sample of a KV-bound queue often shows KV usage a step behind admission, and Poisson traffic
-    # leaves an odd sample with a couple of requests not yet admitted.
-    min_queue_samples: int = 2
-
-
-@dataclass(frozen=True, slots=True)
 class Recommendation:
-    action: str
+    action: Action
     why: str
+
+
+Fact = tuple[str, dict]  # (key of SENTENCES, the values it names)
+
+
+@dataclass(slots=True)
+class Verdict:
+    """What a rule found: the bottleneck, the facts behind it, and the advice."""
+
+    bottleneck: Bottleneck
+    facts: list[Fact] = field(default_factory=list)
+    recommendations: list[Recommendation] = field(default_factory=list)
+    max_num_seqs: tuple[int, Source] | None = None  # set when the rule inferred it
+    max_num_batched_tokens: tuple[int, Source] | None = None
 
 
 @dataclass(slots=True)
 class Diagnosis:
     model_name: str
     engine: str
-    bottleneck: str
+    bottleneck: Bottleneck
+    signals: Signals
     evidence: list[str] = field(default_factory=list)
     recommendations: list[Recommendation] = field(default_factory=list)
-    signals: Signals | None = None
-    kv_pressure: str = "ok"
+    kv_pressure: KvPressure = KvPressure.OK
     max_num_seqs: tuple[int, str] | None = None  # (value, "configured" | "inferred")
     max_num_batched_tokens: tuple[int, str] | None = None
 
     def as_dict(self) -> dict:
+        def limit(v: tuple[int, str] | None) -> dict | None:
+            return None if v is None else {"value": v[0], "source": v[1]}
+
         return {
             "model_name": self.model_name,
             "engine": self.engine,
@@ -100,30 +94,30 @@ class Diagnosis:
             "evidence": list(self.evidence),
             "recommendations": [{"action": r.action, "why": r.why} for r in self.recommendations],
             "kv_cache_pressure": self.kv_pressure,
-            "max_num_seqs": None if self.max_num_seqs is None else {"value": self.max_num_seqs[0], "source": self.max_num_seqs[1]},
-            "max_num_batched_tokens": None
-            if self.max_num_batched_tokens is None
-            else {"value": self.max_num_batched_tokens[0], "source": self.max_num_batched_tokens[1]},
-            "signals": self.signals.as_dict() if self.signals else {},
+            "max_num_seqs": limit(self.max_num_seqs),
+            "max_num_batched_tokens": limit(self.max_num_batched_tokens),
+            "signals": self.signals.as_dict(),
         }
 
 
-def kv_pressure(usage: float | None, th: Thresholds) -> str:
+def kv_pressure(usage: float | None, th: Thresholds) -> KvPressure:
     if usage is None or usage < th.admission_stall:
-        return "ok"
-    return "preemption_risk" if usage >= th.preemption_risk else "admission_stall"
+        return KvPressure.OK
+    return KvPressure.PREEMPTION_RISK if usage >= th.preemption_risk else KvPressure.ADMISSION_STALL
 
 
-def most_severe(bottlenecks) -> str:
-    return max(bottlenecks, key=SEVERITY.__getitem__, default="idle")
+# ------------------------------------------------------------------------------------------- evidence
 
 
-def unreachable(model_name: str, engine: str, why: str) -> Diagnosis:
-    return Diagnosis(model_name, engine, "unreachable", [why])
+class _Formatter(string.Formatter):
+    """``{x!n}`` a count or size for people (``?`` if unknown), ``{x!p}`` a ratio as a percentage."""
 
-
-def _pct(x: float) -> str:
-    return f"{x * 100:.0f}%"
+    def convert_field(self, value, conversion):
+        if conversion == "n":
+            return _n(value)
+        if conversion == "p":
+            return f"{value * 100:.0f}%"
+        return super().convert_field(value, conversion)
 
 
 def _n(x: float | None) -> str:
@@ -132,255 +126,310 @@ def _n(x: float | None) -> str:
     return f"{x:.0f}" if abs(x) >= 10 or float(x).is_integer() else f"{x:.1f}"
 
 
+SENTENCES: dict[str, str] = {
+    "stalled": "{present!n} requests present ({running!n} running, {waiting!n} waiting) and no token produced for {seconds:.0f} s",
+    "idle": "no request running or waiting",
+    "serving": "{running!n} running, none waiting{kv_text}",
+    "all_deferred": "all {waiting!n} waiting requests are deferred (LoRA budget, KV transfer), not held by capacity",
+    "waiting_few_run": "{waiting!n} requests waiting while only {running!n} run",
+    "preempting": "{rate:.1f} preemptions/s: running requests lose their KV blocks and recompute",
+    "kv_high": "KV cache {kv!p} used (admission stalls above {threshold!p})",
+    "prompt_does_not_fit": "free KV holds {free!n} tokens, less than a typical prompt ({prompt!n} tokens)",
+    "swapped": "{swapped!n} requests swapped out to CPU for lack of KV blocks",
+    "throughput_gap": "prompt throughput was 0 in {share!p} of intervals while generation went on (the throughput gap)",
+    "kv_concurrency": "KV capacity {capacity!n} tokens / {sequence!n} tokens per sequence = about {concurrency!n} concurrent sequences",
+    "at_configured_ceiling": "{waiting!n} requests waiting while Running is at max_num_seqs={ceiling} (configured)",
+    "kv_room": "KV cache only {kv!p} used{free_text}",
+    "kv_unknown": "KV usage unknown",
+    "full_steps": "{waiting!n} requests waiting while engine steps carry {step!n} tokens on average ({source})",
+    "prefill_share": "{share!p} of scheduled tokens are prefill",
+    "running_of": "{running!n} running{ceiling_text}",
+    "near_configured_ceiling": (
+        "{waiting!n} requests waiting; Running peaked at {peak!n} of max_num_seqs={ceiling} (configured) "
+        "over the last {samples} samples with a queue"
+    ),
+    "admission_in_progress": (
+        "{waiting!n} waiting with {running!n} of max_num_seqs={ceiling} running, KV and token budget not binding: "
+        "admission in progress"
+    ),
+    "brief_wait": "{waiting!n} request waiting briefly; no limit binding",
+    "queue_just_formed": "{waiting!n} waiting with {running!n} running: a queue has just formed, no limit named yet",
+    "inferred_ceiling": (
+        "{waiting!n} requests waiting while Running peaked at {ceiling} ({at_max} of {samples} samples with a queue "
+        "in the last {span:.0f} s): inferred max_num_seqs={ceiling} (no hint given)"
+    ),
+}
+_FMT = _Formatter()
+
+
+def evidence(facts: list[Fact]) -> list[str]:
+    """The sentences a verdict's facts say, in order."""
+    return [_FMT.format(SENTENCES[key], **values) for key, values in facts]
+
+
+# ------------------------------------------------------------------------------------------- rules
+
+Rule = Callable[[Signals, Hints, Thresholds], "Verdict | None"]
+
+
+def _running(s: Signals) -> float:
+    return s.queue.running or 0.0
+
+
+def _waiting(s: Signals) -> float:
+    return s.queue.waiting or 0.0
+
+
+def stalled(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
+    """Requests present and no token for ``stall_seconds``: /health may still say 200."""
+    if s.throughput.stalled_seconds < th.stall_seconds:
+        return None
+    running, waiting = _running(s), _waiting(s)
+    fact = ("stalled", {"present": running + waiting, "running": running, "waiting": waiting,
+                        "seconds": s.throughput.stalled_seconds})
+    why = "the engine makes no progress although it has work; /health may still say 200"
+    return Verdict(Bottleneck.STALLED, [fact], [Recommendation(Action.RESTART_ENGINE, why)])
+
+
+def no_queue(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
+    """Nothing waits: ``idle`` if nothing ran in the window either, else ``none``."""
+    if _waiting(s) > 0:
+        return None
+    if _running(s) <= 0 and not s.queue.running_recent_max and not s.throughput.generation_tokens_per_second:
+        return Verdict(Bottleneck.IDLE, [("idle", {})])
+    usage = s.kv.usage_ratio
+    kv_text = f", KV cache {usage * 100:.0f}% used" if usage is not None else ""
+    return Verdict(Bottleneck.NONE, [("serving", {"running": _running(s), "kv_text": kv_text})])
+
+
+def all_deferred(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
+    """vLLM defers requests for a LoRA slot or remote KV: not this engine's capacity."""
+    deferred = s.queue.waiting_deferred or 0.0
+    if deferred < _waiting(s):
+        return None
+    return Verdict(Bottleneck.NONE, [("all_deferred", {"waiting": _waiting(s)})])
+
+
+def kv_cache(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
+    """KV first: it is the usual cause and the most severe. Any one sign is enough."""
+    kv, cap, prompt = s.kv.recent_max, s.capacity.capacity_tokens, s.capacity.mean_prompt_tokens
+    signs: list[Fact] = []
+    if s.throughput.preemptions_per_second:  # V1 preempts only when a running request needs a block
+        signs.append(("preempting", {"rate": s.throughput.preemptions_per_second}))
+    if kv is not None and kv >= th.admission_stall:
+        signs.append(("kv_high", {"kv": kv, "threshold": th.admission_stall}))
+    if cap and kv is not None and prompt and cap * (1 - kv) < prompt:
+        signs.append(("prompt_does_not_fit", {"free": cap * (1 - kv), "prompt": prompt}))
+    if s.queue.swapped:  # V0 swaps to CPU before it preempts
+        signs.append(("swapped", {"swapped": s.queue.swapped}))
+    if not signs:
+        return None
+    facts: list[Fact] = [("waiting_few_run", {"waiting": _waiting(s), "running": _running(s)}), *signs]
+    if s.throughput.gap_fraction:
+        facts.append(("throughput_gap", {"share": s.throughput.gap_fraction}))
+    if s.capacity.estimated_max_concurrency is not None:
+        facts.append(("kv_concurrency", {"capacity": cap, "sequence": s.capacity.mean_sequence_tokens,
+                                         "concurrency": s.capacity.estimated_max_concurrency}))
+    return Verdict(Bottleneck.KV_CACHE, facts, kv_recommendations(s, hints, th))
+
+
+def at_configured_ceiling(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
+    """Running has reached the ``--max-num-seqs`` given as a hint."""
+    ceiling = hints.max_num_seqs
+    if not ceiling or (s.queue.running_recent_max or 0) < ceiling:
+        return None
+    facts = [("at_configured_ceiling", {"waiting": _waiting(s), "ceiling": ceiling}), _kv_room(s)]
+    return Verdict(Bottleneck.MAX_NUM_SEQS, facts, seqs_recommendations(s, ceiling, th))
+
+
+def full_steps(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
+    """Steps full of prefill tokens: near the configured budget, or without it far above what decoding
+    alone needs (about one token per running request)."""
+    step, budget = s.throughput.engine_step_tokens, hints.max_num_batched_tokens
+    if step is None:
+        return None
+    if budget:
+        full = step >= th.full_step_budget_share * budget
+    else:
+        full = step >= max(th.min_prefill_step_tokens, th.prefill_tokens_per_running * max(s.queue.running_mean or 0.0, 1.0))
+    if not full:
+        return None
+    inferred = None if budget else (_pow2(step), Source.INFERRED)
+    source = f"max_num_batched_tokens={budget}" if budget else f"an inferred budget of ~{_pow2(step)}"
+    facts: list[Fact] = [("full_steps", {"waiting": _waiting(s), "step": step, "source": source})]
+    prompt, gen = s.throughput.prompt_tokens_per_second, s.throughput.generation_tokens_per_second
+    if prompt is not None and gen is not None and prompt + gen > 0:
+        facts.append(("prefill_share", {"share": prompt / (prompt + gen)}))
+    ceiling = hints.max_num_seqs
+    facts += [_kv_room(s), ("running_of", {"running": _running(s),
+                                           "ceiling_text": f" of max_num_seqs={ceiling}" if ceiling else ""})]
+    recs = [
+        Recommendation(
+            Action.RAISE_MAX_NUM_BATCHED_TOKENS,
+            f"steps are full at ~{_n(step)} tokens; a larger budget admits prefills faster "
+            "(trade-off: longer steps raise inter-token latency for running requests)",
+        ),
+        Recommendation(Action.ADD_REPLICA, "more engines share the prefill load"),
+    ]
+    return Verdict(Bottleneck.TOKEN_BUDGET, facts, recs, max_num_batched_tokens=inferred)
+
+
+def near_configured_ceiling(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
+    """Running reads below the ceiling now but came close to it while requests waited, with KV and token
+    budget to spare: real vLLM's 1-s Running samples read low (one request finishing, the next not yet
+    counted) while every slot is in use."""
+    ceiling, peak = hints.max_num_seqs, s.queue.running_max_waiting or 0.0
+    if not ceiling or peak < max(1.0, th.near_ceiling_share * ceiling):
+        return None
+    fact = ("near_configured_ceiling", {"waiting": _waiting(s), "peak": peak, "ceiling": ceiling,
+                                        "samples": s.queue.waiting_samples})
+    return Verdict(Bottleneck.MAX_NUM_SEQS, [fact, _kv_room(s)], seqs_recommendations(s, ceiling, th))
+
+
+def admission_in_progress(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
+    """A ceiling is known, Running stayed below it, KV and steps have room: requests are on their way in."""
+    if not hints.max_num_seqs:
+        return None
+    fact = ("admission_in_progress", {"waiting": _waiting(s), "running": _running(s), "ceiling": hints.max_num_seqs})
+    return Verdict(Bottleneck.NONE, [fact])
+
+
+def brief_wait(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
+    """One request caught between arrival and admission is not a queue: Poisson traffic does that."""
+    if _waiting(s) >= th.brief_queue_requests or s.queue.waiting_recent_min:
+        return None
+    return Verdict(Bottleneck.NONE, [("brief_wait", {"waiting": _waiting(s)})])
+
+
+def queue_just_formed(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
+    """Naming a ceiling by elimination from one sample would blip max_num_seqs at the start of every queue,
+    KV-bound ones included, and on stray arrivals: wait for the queue to persist."""
+    if s.queue.waiting_streak >= th.min_queue_samples:
+        return None
+    return Verdict(Bottleneck.NONE, [("queue_just_formed", {"waiting": _waiting(s), "running": _running(s)})])
+
+
+def ceiling_by_elimination(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
+    """No hint, nothing else binds, the queue persists: the sequence ceiling, inferred as Running's peak
+    while requests waited."""
+    q = s.queue
+    ceiling = int(q.running_max_waiting or q.running_recent_max or _running(s))
+    fact = ("inferred_ceiling", {"waiting": _waiting(s), "ceiling": ceiling, "at_max": q.running_at_max_samples,
+                                 "samples": q.waiting_samples, "span": s.span_seconds})
+    return Verdict(Bottleneck.MAX_NUM_SEQS, [fact, _kv_room(s)], seqs_recommendations(s, ceiling, th),
+                   max_num_seqs=(ceiling, Source.INFERRED))
+
+
+RULES: tuple[Rule, ...] = (
+    stalled,
+    no_queue,
+    all_deferred,
+    kv_cache,
+    at_configured_ceiling,
+    full_steps,
+    near_configured_ceiling,
+    admission_in_progress,
+    brief_wait,
+    queue_just_formed,
+    ceiling_by_elimination,
+)
+
+
+def diagnose_engine(s: Signals, hints: Hints = Hints(), th: Thresholds = Thresholds()) -> Diagnosis:
+    verdict = next(v for v in (rule(s, hints, th) for rule in RULES) if v is not None)
+    d = Diagnosis(s.model_name, s.engine, verdict.bottleneck, s, evidence(verdict.facts), verdict.recommendations)
+    d.kv_pressure = kv_pressure(s.kv.recent_max, th)
+    if hints.max_num_seqs:
+        d.max_num_seqs = (hints.max_num_seqs, Source.CONFIGURED)
+    if hints.max_num_batched_tokens:
+        d.max_num_batched_tokens = (hints.max_num_batched_tokens, Source.CONFIGURED)
+    d.max_num_seqs = verdict.max_num_seqs or d.max_num_seqs
+    d.max_num_batched_tokens = verdict.max_num_batched_tokens or d.max_num_batched_tokens
+    return d
+
+
+# ------------------------------------------------------------------------------------------- advice
+
+
 def _pow2(x: float) -> int:
     return 2 ** max(0, round(math.log2(max(x, 1.0))))
 
 
-def diagnose_engine(s: Signals, hints: Hints = Hints(), th: Thresholds = Thresholds()) -> Diagnosis:
-    d = Diagnosis(s.model_name, s.engine, "none", signals=s)
-    d.kv_pressure = kv_pressure(s.kv_usage_recent_max, th)
-    if hints.max_num_seqs:
-        d.max_num_seqs = (hints.max_num_seqs, "configured")
-    if hints.max_num_batched_tokens:
-        d.max_num_batched_tokens = (hints.max_num_batched_tokens, "configured")
-
-    running = s.requests_running or 0.0
-    waiting = s.requests_waiting or 0.0
-    kv = s.kv_usage_recent_max
-    ev = d.evidence
-
-    if s.stalled_seconds >= th.stall_seconds:
-        d.bottleneck = "stalled"
-        ev.append(
-            f"{_n(running + waiting)} requests present ({_n(running)} running, {_n(waiting)} waiting) "
-            f"and no token produced for {s.stalled_seconds:.0f} s"
-        )
-        d.recommendations.append(
-            Recommendation("restart_engine", "the engine makes no progress although it has work; /health may still say 200")
-        )
-        return d
-
-    if waiting <= 0:
-        if running <= 0 and not s.running_recent_max and not s.generation_tokens_per_second:
-            d.bottleneck = "idle"
-            ev.append("no request running or waiting")
-        else:
-            d.bottleneck = "none"
-            kv_text = f", KV cache {_pct(s.kv_cache_usage_ratio)} used" if s.kv_cache_usage_ratio is not None else ""
-            ev.append(f"{_n(running)} running, none waiting{kv_text}")
-        return d
-
-    deferred = s.requests_waiting_deferred or 0.0
-    if deferred >= waiting:
-        d.bottleneck = "none"
-        ev.append(f"all {_n(waiting)} waiting requests are deferred (LoRA budget, KV transfer), not held by capacity")
-        return d
-
-    # Requests wait. KV first: it is the usual cause and the most severe.
-    kv_reasons = []
-    if s.preemptions_per_second:
-        kv_reasons.append(
-            f"{s.preemptions_per_second:.1f} preemptions/s: running requests lose their KV blocks and recompute"
-        )
-    if kv is not None and kv >= th.admission_stall:
-        kv_reasons.append(f"KV cache {_pct(kv)} used (admission stalls above {_pct(th.admission_stall)})")
-    cap = s.capacity_tokens
-    if cap and kv is not None and s.mean_prompt_tokens and cap * (1 - kv) < s.mean_prompt_tokens:
-        kv_reasons.append(
-            f"free KV holds {_n(cap * (1 - kv))} tokens, less than a typical prompt ({_n(s.mean_prompt_tokens)} tokens)"
-        )
-    if s.requests_swapped:
-        kv_reasons.append(f"{_n(s.requests_swapped)} requests swapped out to CPU for lack of KV blocks")
-    if kv_reasons:
-        d.bottleneck = "kv_cache"
-        ev.append(f"{_n(waiting)} requests waiting while only {_n(running)} run")
-        ev.extend(kv_reasons)
-        if s.throughput_gap_fraction:
-            ev.append(
-                f"prompt throughput was 0 in {_pct(s.throughput_gap_fraction)} of intervals while generation went on "
-                "(the throughput gap)"
-            )
-        if s.estimated_max_concurrency is not None:
-            ev.append(
-                f"KV capacity {_n(cap)} tokens / {_n(s.mean_sequence_tokens)} tokens per sequence "
-                f"= about {_n(s.estimated_max_concurrency)} concurrent sequences"
-            )
-        d.recommendations.extend(_kv_recommendations(s, hints))
-        return d
-
-    seqs_ceiling = hints.max_num_seqs
-    if seqs_ceiling and (s.running_recent_max or 0) >= seqs_ceiling:
-        d.bottleneck = "max_num_seqs"
-        ev.append(f"{_n(waiting)} requests waiting while Running is at max_num_seqs={seqs_ceiling} (configured)")
-        ev.append(_kv_room(s))
-        d.recommendations.extend(_seqs_recommendations(s, seqs_ceiling))
-        return d
-
-    budget = hints.max_num_batched_tokens
-    step = s.engine_step_tokens
-    if step is not None:
-        if budget:
-            token_bound = step >= 0.75 * budget
-        else:
-            # Decoding alone puts about one token per running request in a step; steps far fuller than
-            # that with a queue waiting are prefill chunks filling the budget.
-            token_bound = step >= max(64.0, 8.0 * max(s.running_mean or 0.0, 1.0))
-        if token_bound:
-            d.bottleneck = "token_budget"
-            if not budget:
-                d.max_num_batched_tokens = (_pow2(step), "inferred")
-            src = f"max_num_batched_tokens={budget}" if budget else f"an inferred budget of ~{_pow2(step)}"
-            ev.append(
-                f"{_n(waiting)} requests waiting while engine steps carry {_n(step)} tokens on average ({src})"
-            )
-            if s.prompt_tokens_per_second is not None and s.generation_tokens_per_second is not None:
-                total = s.prompt_tokens_per_second + s.generation_tokens_per_second
-                if total > 0:
-                    ev.append(f"{_pct(s.prompt_tokens_per_second / total)} of scheduled tokens are prefill")
-            ev.append(_kv_room(s))
-            ev.append(f"{_n(running)} running" + (f" of max_num_seqs={seqs_ceiling}" if seqs_ceiling else ""))
-            d.recommendations.append(
-                Recommendation(
-                    "raise_max_num_batched_tokens",
-                    f"steps are full at ~{_n(step)} tokens; a larger budget admits prefills faster "
-                    "(trade-off: longer steps raise inter-token latency for running requests)",
-                )
-            )
-            d.recommendations.append(Recommendation("add_replica", "more engines share the prefill load"))
-            return d
-
-    peak = s.running_max_waiting or 0.0
-    if seqs_ceiling and peak >= max(1.0, 0.75 * seqs_ceiling):
-        # Running reads below the ceiling now, but came close to it in the window while requests waited,
-        # with KV and token budget to spare: real vLLM's 1-s Running samples read low (one request
-        # finishing, the next not yet counted) while every slot is in use.
-        d.bottleneck = "max_num_seqs"
-        ev.append(
-            f"{_n(waiting)} requests waiting; Running peaked at {_n(peak)} of max_num_seqs={seqs_ceiling} "
-            f"(configured) over the last {s.waiting_samples} samples with a queue"
-        )
-        ev.append(_kv_room(s))
-        d.recommendations.extend(_seqs_recommendations(s, seqs_ceiling))
-        return d
-    if seqs_ceiling:
-        # A ceiling is known, Running stayed below it, KV and steps have room: requests are on their way in.
-        ev.append(
-            f"{_n(waiting)} waiting with {_n(running)} of max_num_seqs={seqs_ceiling} running, KV and token budget "
-            "not binding: admission in progress"
-        )
-        return d
-    if waiting < 2 and not s.waiting_recent_min:
-        # One request caught between arrival and admission is not a queue: Poisson traffic does that.
-        ev.append(f"{_n(waiting)} request waiting briefly; no limit binding")
-        return d
-    if s.waiting_streak < th.min_queue_samples:
-        # Naming a ceiling by elimination from one sample would blip max_num_seqs at the start of every
-        # queue, KV-bound ones included, and on stray arrivals: wait for the queue to persist.
-        ev.append(f"{_n(waiting)} waiting with {_n(running)} running: a queue has just formed, no limit named yet")
-        return d
-    # No hint: by elimination, the sequence ceiling, inferred as Running's peak while requests waited.
-    ceiling = int(s.running_max_waiting or s.running_recent_max or running)
-    d.bottleneck = "max_num_seqs"
-    d.max_num_seqs = (ceiling, "inferred")
-    ev.append(
-        f"{_n(waiting)} requests waiting while Running peaked at {ceiling} ({s.running_at_max_samples} of "
-        f"{s.waiting_samples} samples with a queue in the last {s.span_seconds:.0f} s): inferred "
-        f"max_num_seqs={ceiling} (no hint given)"
-    )
-    ev.append(_kv_room(s))
-    d.recommendations.extend(_seqs_recommendations(s, ceiling))
-    return d
+def _kv_room(s: Signals) -> Fact:
+    if s.kv.recent_max is None:
+        return ("kv_unknown", {})
+    free = s.capacity.free_tokens
+    return ("kv_room", {"kv": s.kv.recent_max, "free_text": "" if free is None else f" ({_n(free)} tokens free)"})
 
 
-def _kv_room(s: Signals) -> str:
-    if s.kv_usage_recent_max is None:
-        return "KV usage unknown"
-    text = f"KV cache only {_pct(s.kv_usage_recent_max)} used"
-    if s.free_tokens is not None:
-        text += f" ({_n(s.free_tokens)} tokens free)"
-    return text
-
-
-def _seqs_recommendations(s: Signals, ceiling: int) -> list[Recommendation]:
-    recs = []
-    if s.estimated_max_concurrency is not None and s.estimated_max_concurrency > ceiling * 1.2:
-        target = int(s.estimated_max_concurrency * 0.9)
-        recs.append(
-            Recommendation(
-                "raise_max_num_seqs",
-                f"KV could hold ~{_n(s.estimated_max_concurrency)} sequences of {_n(s.mean_sequence_tokens)} tokens; "
-                f"max_num_seqs={ceiling} leaves it idle (try ~{target}; more sequences per step raise inter-token latency)",
-            )
+def seqs_recommendations(s: Signals, ceiling: int, th: Thresholds) -> list[Recommendation]:
+    est = s.capacity.estimated_max_concurrency
+    if est is not None and est > ceiling * th.raise_seqs_margin:
+        why = (
+            f"KV could hold ~{_n(est)} sequences of {_n(s.capacity.mean_sequence_tokens)} tokens; "
+            f"max_num_seqs={ceiling} leaves it idle (try ~{int(est * th.raise_seqs_target_share)}; more sequences per "
+            "step raise inter-token latency)"
         )
     else:
-        recs.append(
-            Recommendation(
-                "raise_max_num_seqs",
-                f"Running is pinned at {ceiling} with KV room to spare (more sequences per step raise inter-token latency)",
-            )
-        )
-    recs.append(Recommendation("add_replica", "if latency per token must not rise, spread the queue over more engines"))
+        why = f"Running is pinned at {ceiling} with KV room to spare (more sequences per step raise inter-token latency)"
+    return [
+        Recommendation(Action.RAISE_MAX_NUM_SEQS, why),
+        Recommendation(Action.ADD_REPLICA, "if latency per token must not rise, spread the queue over more engines"),
+    ]
+
+
+def kv_recommendations(s: Signals, hints: Hints, th: Thresholds) -> list[Recommendation]:
+    """KV advice the evidence and vLLM's cache_config_info support, cheapest first."""
+    recs = [*_cache_config_advice(s, hints, th)]
+    if s.throughput.preemptions_per_second:
+        recs.append(_preemption_advice(s))
+    recs.append(Recommendation(Action.ADD_REPLICA, "more engines bring more KV cache; the cost is another GPU"))
     return recs
 
 
-def _kv_recommendations(s: Signals, hints: Hints) -> list[Recommendation]:
-    recs = []
-    c = s.cache
+def _cache_config_advice(s: Signals, hints: Hints, th: Thresholds):
+    c, cap, seq = s.capacity.cache, s.capacity.capacity_tokens, s.capacity.mean_sequence_tokens
     dtype = (c.cache_dtype or "").lower() if c else ""
     if not dtype.startswith("fp8"):
-        cap = f" ({_n(s.capacity_tokens)} -> ~{_n(2 * s.capacity_tokens)} tokens)" if s.capacity_tokens else ""
-        recs.append(
-            Recommendation(
-                "fp8_kv_cache",
-                f"--kv-cache-dtype fp8 halves the bytes per cached token: about twice the KV capacity{cap} "
-                f"(cache_dtype is {c.cache_dtype if c and c.cache_dtype else 'unknown'}; small accuracy cost, check evals)",
-            )
+        more = f" ({_n(cap)} -> ~{_n(2 * cap)} tokens)" if cap else ""
+        yield Recommendation(
+            Action.FP8_KV_CACHE,
+            f"--kv-cache-dtype fp8 halves the bytes per cached token: about twice the KV capacity{more} "
+            f"(cache_dtype is {c.cache_dtype if c and c.cache_dtype else 'unknown'}; small accuracy cost, check evals)",
         )
     if c is not None and c.enable_prefix_caching is False:
-        recs.append(
-            Recommendation(
-                "enable_prefix_caching",
-                "prefix caching is off: shared prompt prefixes are stored once and skip prefill",
-            )
+        yield Recommendation(
+            Action.ENABLE_PREFIX_CACHING, "prefix caching is off: shared prompt prefixes are stored once and skip prefill"
         )
     max_len = hints.max_model_len or (c.max_model_len if c else None)
-    if max_len and s.mean_sequence_tokens and s.mean_sequence_tokens < 0.25 * max_len:
-        recs.append(
-            Recommendation(
-                "reduce_max_model_len",
-                f"sequences average {_n(s.mean_sequence_tokens)} tokens but max_model_len is {max_len}: "
-                "a lower limit stops a few long requests from holding most of the KV cache",
-            )
+    if max_len and seq and seq < th.short_sequence_share * max_len:
+        yield Recommendation(
+            Action.REDUCE_MAX_MODEL_LEN,
+            f"sequences average {_n(seq)} tokens but max_model_len is {max_len}: "
+            "a lower limit stops a few long requests from holding most of the KV cache",
         )
     if c is not None and c.kv_cache_memory_bytes:
-        recs.append(
-            Recommendation(
-                "raise_gpu_memory_utilization",
-                f"the KV cache is pinned at {c.kv_cache_memory_bytes / 2**20:.0f} MiB by --kv-cache-memory-bytes, "
-                "which overrides --gpu-memory-utilization: raise it if the device has memory left",
-            )
+        yield Recommendation(
+            Action.RAISE_GPU_MEMORY_UTILIZATION,
+            f"the KV cache is pinned at {c.kv_cache_memory_bytes / 2**20:.0f} MiB by --kv-cache-memory-bytes, "
+            "which overrides --gpu-memory-utilization: raise it if the device has memory left",
         )
-    elif c is not None and c.gpu_memory_utilization is not None and c.gpu_memory_utilization < 0.95:
-        recs.append(
-            Recommendation(
-                "raise_gpu_memory_utilization",
-                f"gpu_memory_utilization is {c.gpu_memory_utilization:.2f}: what is raised goes to KV blocks "
-                "(leave headroom for activations and CUDA graphs)",
-            )
+    elif c is not None and c.gpu_memory_utilization is not None and c.gpu_memory_utilization < th.gpu_memory_utilization_ceiling:
+        yield Recommendation(
+            Action.RAISE_GPU_MEMORY_UTILIZATION,
+            f"gpu_memory_utilization is {c.gpu_memory_utilization:.2f}: what is raised goes to KV blocks "
+            "(leave headroom for activations and CUDA graphs)",
         )
-    if s.preemptions_per_second:
-        est, running = s.estimated_max_concurrency, s.running_recent_max
-        if est is not None and running and est < running:
-            why = (
-                f"{s.preemptions_per_second:.1f} preemptions/s throw away computed KV: up to {_n(running)} sequences run "
-                f"but the KV cache holds ~{_n(est)} at their length; capping max_num_seqs near {max(1, int(est))} "
-                "avoids the recompute"
-            )
-        else:
-            why = (
-                f"{s.preemptions_per_second:.1f} preemptions/s throw away computed KV; fewer concurrent sequences "
-                "leave each one room to grow"
-            )
-        recs.append(Recommendation("lower_max_num_seqs", why))
-    recs.append(Recommendation("add_replica", "more engines bring more KV cache; the cost is another GPU"))
-    return recs
+
+
+def _preemption_advice(s: Signals) -> Recommendation:
+    rate, est, running = s.throughput.preemptions_per_second, s.capacity.estimated_max_concurrency, s.queue.running_recent_max
+    if est is not None and running and est < running:
+        why = (
+            f"{rate:.1f} preemptions/s throw away computed KV: up to {_n(running)} sequences run "
+            f"but the KV cache holds ~{_n(est)} at their length; capping max_num_seqs near {max(1, int(est))} "
+            "avoids the recompute"
+        )
+    else:
+        why = f"{rate:.1f} preemptions/s throw away computed KV; fewer concurrent sequences leave each one room to grow"
+    return Recommendation(Action.LOWER_MAX_NUM_SEQS, why)

@@ -1,19 +1,27 @@
 """Per-target state: the parsed scrapes go in, the current diagnosis comes out. No I/O here.
 
-``TargetState`` ties normalize → window → diagnose together for one scraped URL. The scrape loop
-(``kvwatch.app``), the replay of recordings (``kvwatch.cli``) and the tests all drive it the same way.
+``Target`` is everything kvwatch knows about one scraped URL: the engines' history, the scrape counters,
+the last error and the last diagnosis. It ties normalize → window → diagnose together; the scrape loop
+(``kvwatch.app``), the replay of recordings (``kvwatch.cli``) and the tests all drive it the same way, and
+``kvwatch.export`` only reads it. ``Target.from_settings`` is the one place it is built from the settings.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from kvwatch.diagnose import Diagnosis, Hints, Thresholds, diagnose_engine, most_severe
+from kvwatch.catalog import Bottleneck, Thresholds, most_severe
+from kvwatch.diagnose import Diagnosis, Hints, diagnose_engine
 from kvwatch.normalize import keep_family, normalize
 from kvwatch.parse import parse
+from kvwatch.scrape import REASONS
 from kvwatch.window import EngineHistory, summarize
 
-__all__ = ["TargetDiagnosis", "TargetState", "NoVllmMetrics"]
+if TYPE_CHECKING:
+    from kvwatch.config import Settings
+
+__all__ = ["NoVllmMetrics", "Target", "TargetDiagnosis"]
 
 
 class NoVllmMetrics(ValueError):
@@ -42,7 +50,9 @@ class TargetDiagnosis:
         return out
 
 
-class TargetState:
+class Target:
+    """One scraped URL: its engines' history, scrape counters, last error and last diagnosis."""
+
     def __init__(
         self,
         target: str,
@@ -64,6 +74,21 @@ class TargetState:
         self.last_attempt: float | None = None
         self.last_error: str | None = None
         self.up = False
+        # What the scrape loop counts, for kvwatch_up / _scrape_duration_seconds / _scrape_errors_total.
+        self.errors = {r: 0 for r in REASONS}
+        self.scrape_duration_seconds: float | None = None
+        self.diagnosis: TargetDiagnosis | None = None
+
+    @classmethod
+    def from_settings(cls, target: str, settings: Settings) -> Target:
+        return cls(
+            target,
+            window_seconds=settings.window,
+            stale_after_seconds=settings.stale_after,
+            max_engines=settings.max_engines,
+            hints=settings.hints,
+            thresholds=settings.thresholds,
+        )
 
     def observe_body(self, t: float, body: str) -> None:
         """Parse and record one scrape body. Raises ParseError / NoVllmMetrics (the scrape failed)."""
@@ -103,7 +128,7 @@ class TargetState:
                 diags.append(diagnose_engine(sig, self.hints, self.thresholds))
         diags.sort(key=lambda d: (d.model_name, d.engine))
         if self.last_success is None or now - self.last_success > self.stale_after_seconds:
-            overall = "unreachable"
+            overall = Bottleneck.UNREACHABLE
         else:
             overall = most_severe([d.bottleneck for d in diags])
         return TargetDiagnosis(now, self.target, self.up, overall, diags, self.last_error)

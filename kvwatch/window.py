@@ -21,7 +21,10 @@ from dataclasses import dataclass, field
 
 from kvwatch.normalize import CacheConfig, EngineSnapshot, Histogram
 
-__all__ = ["EngineHistory", "Point", "Signals", "histogram_quantile", "summarize", "QUANTILES"]
+__all__ = [
+    "CapacitySignals", "EngineHistory", "KvSignals", "LatencySignals", "Measured", "Point", "QueueSignals", "QUANTILES",
+    "Signals", "ThroughputSignals", "histogram_quantile", "summarize",
+]
 
 QUANTILES = (0.5, 0.9, 0.99)
 RECENT = 3  # samples that count as "now" for gauges that dip at random (KV usage, running)
@@ -118,22 +121,24 @@ def histogram_quantile(q: float, bounds: Sequence[float], counts: Sequence[float
 
 
 @dataclass(slots=True)
-class Signals:
-    """What the window says about one engine. Rates are per second over the window."""
+class KvSignals:
+    """KV-cache usage over the window."""
 
-    model_name: str
-    engine: str
-    t: float
-    samples: int
-    span_seconds: float
-    kv_cache_usage_ratio: float | None = None
-    kv_usage_recent_max: float | None = None
-    kv_usage_mean: float | None = None
-    kv_usage_slope_per_second: float | None = None
-    requests_running: float | None = None
-    requests_waiting: float | None = None
-    requests_waiting_deferred: float | None = None
-    requests_swapped: float | None = None
+    usage_ratio: float | None = None  # the latest sample
+    recent_max: float | None = None  # max of the last RECENT samples: a 1-s sample can read 0 mid-run
+    mean: float | None = None
+    slope_per_second: float | None = None
+    seconds_to_full: float | None = None
+
+
+@dataclass(slots=True)
+class QueueSignals:
+    """Running and Waiting over the window."""
+
+    running: float | None = None
+    waiting: float | None = None
+    waiting_deferred: float | None = None
+    swapped: float | None = None
     running_mean: float | None = None
     running_recent_max: float | None = None
     # Highest Running while requests waited, over the window. Running can never exceed max_num_seqs, but a
@@ -145,15 +150,35 @@ class Signals:
     waiting_streak: int = 0  # the latest samples in a row with requests waiting
     waiting_recent_min: float | None = None  # > 0 when the queue persisted over the last RECENT samples
     waiting_mean: float | None = None
+
+
+@dataclass(slots=True)
+class ThroughputSignals:
+    """Work done per second over the window, and whether it stopped."""
+
     prompt_tokens_per_second: float | None = None  # prefill work done (cached tokens excluded when known)
     prompt_tokens_all_per_second: float | None = None
     generation_tokens_per_second: float | None = None
     preemptions_per_second: float | None = None
-    throughput_gap: bool = False
-    throughput_gap_fraction: float | None = None
+    gap: bool = False  # the last interval: prompt throughput ~0 while generation goes on and requests wait
+    gap_fraction: float | None = None
     engine_step_tokens: float | None = None
     steps_per_second: float | None = None
     stalled_seconds: float = 0.0  # how long requests have been present with no token progress
+    prefix_cache_hit_ratio: float | None = None
+
+
+@dataclass(slots=True)
+class LatencySignals:
+    """Histogram quantiles over the window: family -> {quantile: seconds}."""
+
+    quantiles: dict[str, dict[float, float]] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class CapacitySignals:
+    """What the KV cache can hold, at the lengths seen."""
+
     mean_prompt_tokens: float | None = None
     mean_sequence_tokens: float | None = None
     sequence_tokens_source: str | None = None  # "window" or "lifetime"
@@ -161,34 +186,72 @@ class Signals:
     free_tokens: float | None = None
     estimated_max_concurrency: float | None = None
     concurrency_headroom: float | None = None
-    seconds_to_full: float | None = None
-    prefix_cache_hit_ratio: float | None = None
-    quantiles: dict[str, dict[float, float]] = field(default_factory=dict)
     cache: CacheConfig | None = None
     lora_running: int | None = None
     lora_waiting: int | None = None
     max_lora: int | None = None
 
+
+@dataclass(slots=True)
+class Measured:
+    """Rates measured elsewhere (vLLM's log lines carry their own 10-s averages): given to ``summarize``,
+    they stand instead of the rates the history's counters would give."""
+
+    prompt_tokens_per_second: float | None = None
+    generation_tokens_per_second: float | None = None
+    preemptions_per_second: float | None = None
+    prefix_cache_hit_ratio: float | None = None
+    engine_step_tokens: float | None = None
+    steps_per_second: float | None = None
+
+
+@dataclass(slots=True)
+class Signals:
+    """What the window says about one engine, in parts. Rates are per second over the window."""
+
+    model_name: str
+    engine: str
+    t: float
+    samples: int
+    span_seconds: float
+    kv: KvSignals = field(default_factory=KvSignals)
+    queue: QueueSignals = field(default_factory=QueueSignals)
+    throughput: ThroughputSignals = field(default_factory=ThroughputSignals)
+    latency: LatencySignals = field(default_factory=LatencySignals)
+    capacity: CapacitySignals = field(default_factory=CapacitySignals)
+
     def as_dict(self) -> dict:
-        """The JSON form: only what is known, rounded for people."""
-        out = {}
-        for name in self.__slots__:
-            if name in ("cache", "quantiles", "model_name", "engine"):
-                continue
-            v = getattr(self, name)
-            if v is None:
-                continue
-            out[name] = round(v, 4) if isinstance(v, float) else v
-        for fam, qs in self.quantiles.items():
+        """The JSON form (flat, the API's names): only what is known, rounded for people."""
+        out: dict = {"t": round(self.t, 4), "samples": self.samples, "span_seconds": round(self.span_seconds, 4)}
+        for part, renames in _JSON_NAMES.items():
+            obj = getattr(self, part)
+            for name in obj.__slots__:
+                if name in ("cache", "quantiles"):
+                    continue
+                v = getattr(obj, name)
+                if v is not None:
+                    out[renames.get(name, name)] = round(v, 4) if isinstance(v, float) else v
+        for fam, qs in self.latency.quantiles.items():
             for q, v in qs.items():
                 out[f"{fam}_p{int(q * 100)}"] = round(v, 4)
-        if self.cache is not None:
-            c = self.cache
+        c = self.capacity.cache
+        if c is not None:
             out["cache_dtype"] = c.cache_dtype
             out["enable_prefix_caching"] = c.enable_prefix_caching
             if c.max_model_len:
                 out["max_model_len_from_cache_config"] = c.max_model_len
         return out
+
+
+# The JSON keeps the flat names it had before Signals came in parts (API users and the e2e lane read them).
+_JSON_NAMES: dict[str, dict[str, str]] = {
+    "kv": {"usage_ratio": "kv_cache_usage_ratio", "recent_max": "kv_usage_recent_max", "mean": "kv_usage_mean",
+           "slope_per_second": "kv_usage_slope_per_second"},
+    "queue": {"running": "requests_running", "waiting": "requests_waiting", "waiting_deferred": "requests_waiting_deferred",
+              "swapped": "requests_swapped"},
+    "throughput": {"gap": "throughput_gap", "gap_fraction": "throughput_gap_fraction"},
+    "capacity": {},
+}
 
 
 def _rate(a: Point, b: Point, name: str) -> float | None:
@@ -217,88 +280,112 @@ def _hist_delta(a: Point, b: Point, name: str) -> Histogram | None:
     return Histogram(hb.bounds, [y - x for x, y in zip(ha.counts, hb.counts)], hb.sum - ha.sum, hb.count - ha.count)
 
 
-def summarize(history: EngineHistory, now: float, window_seconds: float) -> Signals | None:
-    """Signals over the last ``window_seconds`` of ``history`` (None if it holds no point)."""
+def summarize(history: EngineHistory, now: float, window_seconds: float, measured: Measured | None = None) -> Signals | None:
+    """Signals over the last ``window_seconds`` of ``history`` (None if it holds no point). ``measured``
+    rates, where given, stand instead of those the counters would give."""
     pts = [p for p in history.points if now - p.t <= window_seconds + 1e-9]
     if not pts:
         return None
     first, last = pts[0], pts[-1]
     s = Signals(history.model_name, history.engine, last.t, len(pts), last.t - first.t)
-    g = last.gauges
-    s.kv_cache_usage_ratio = g.get("kv_cache_usage_ratio")
-    s.requests_running = g.get("requests_running")
-    s.requests_waiting = g.get("requests_waiting")
-    s.requests_waiting_deferred = g.get("requests_waiting_deferred")
-    s.requests_swapped = g.get("requests_swapped")
+    s.kv = kv_signals(pts)
+    s.queue = queue_signals(pts)
+    s.throughput = throughput_signals(pts, measured or Measured())
+    s.latency = latency_signals(first, last)
+    s.capacity = capacity_signals(history, first, last, s.kv, s.queue)
+    return s
 
+
+def kv_signals(pts: list[Point]) -> KvSignals:
+    k = KvSignals(usage_ratio=pts[-1].gauges.get("kv_cache_usage_ratio"))
+    with_kv = [p for p in pts if "kv_cache_usage_ratio" in p.gauges]
+    if not with_kv:
+        return k
+    kv = [p.gauges["kv_cache_usage_ratio"] for p in with_kv]
+    k.mean = sum(kv) / len(kv)
+    k.recent_max = max(p.gauges.get("kv_cache_usage_ratio", 0.0) for p in pts[-RECENT:])
+    k.slope_per_second = _slope([p.t for p in with_kv], kv)
+    if k.slope_per_second is not None and k.slope_per_second > 1e-4 and k.usage_ratio is not None and k.usage_ratio < 1.0:
+        k.seconds_to_full = (1.0 - k.usage_ratio) / k.slope_per_second
+    return k
+
+
+def queue_signals(pts: list[Point]) -> QueueSignals:
+    g = pts[-1].gauges
+    q = QueueSignals(
+        running=g.get("requests_running"),
+        waiting=g.get("requests_waiting"),
+        waiting_deferred=g.get("requests_waiting_deferred"),
+        swapped=g.get("requests_swapped"),
+    )
     recent = pts[-RECENT:]
-    kv = [p.gauges["kv_cache_usage_ratio"] for p in pts if "kv_cache_usage_ratio" in p.gauges]
-    if kv:
-        s.kv_usage_mean = sum(kv) / len(kv)
-        s.kv_usage_recent_max = max(p.gauges.get("kv_cache_usage_ratio", 0.0) for p in recent)
-        s.kv_usage_slope_per_second = _slope(
-            [p.t for p in pts if "kv_cache_usage_ratio" in p.gauges], kv
-        )
     running = [p.gauges["requests_running"] for p in pts if "requests_running" in p.gauges]
     if running:
-        s.running_mean = sum(running) / len(running)
-        s.running_recent_max = max(p.gauges.get("requests_running", 0.0) for p in recent)
+        q.running_mean = sum(running) / len(running)
+        q.running_recent_max = max(p.gauges.get("requests_running", 0.0) for p in recent)
         queued = [p.gauges.get("requests_running", 0.0) for p in pts if p.gauges.get("requests_waiting", 0.0) > 0]
-        s.waiting_samples = len(queued)
+        q.waiting_samples = len(queued)
         if queued:
-            s.running_max_waiting = max(queued)
-            s.running_at_max_samples = queued.count(s.running_max_waiting)
+            q.running_max_waiting = max(queued)
+            q.running_at_max_samples = queued.count(q.running_max_waiting)
     waiting = [p.gauges["requests_waiting"] for p in pts if "requests_waiting" in p.gauges]
     if waiting:
-        s.waiting_mean = sum(waiting) / len(waiting)
+        q.waiting_mean = sum(waiting) / len(waiting)
         for p in reversed(pts):
             if p.gauges.get("requests_waiting", 0.0) <= 0:
                 break
-            s.waiting_streak += 1
+            q.waiting_streak += 1
         if len(recent) >= RECENT:
-            s.waiting_recent_min = min(p.gauges.get("requests_waiting", 0.0) for p in recent)
+            q.waiting_recent_min = min(p.gauges.get("requests_waiting", 0.0) for p in recent)
+    return q
 
+
+def throughput_signals(pts: list[Point], measured: Measured) -> ThroughputSignals:
+    first, last = pts[0], pts[-1]
+    th = ThroughputSignals(stalled_seconds=stalled_seconds(pts))
     if len(pts) >= 2:
-        s.prompt_tokens_all_per_second = _rate(first, last, "prompt_tokens")
-        s.prompt_tokens_per_second = _rate(first, last, "prompt_tokens_computed")
-        if s.prompt_tokens_per_second is None:
-            s.prompt_tokens_per_second = s.prompt_tokens_all_per_second
-        s.generation_tokens_per_second = _rate(first, last, "generation_tokens")
-        s.preemptions_per_second = _rate(first, last, "preemptions")
+        th.prompt_tokens_all_per_second = _rate(first, last, "prompt_tokens")
+        th.prompt_tokens_per_second = _rate(first, last, "prompt_tokens_computed")
+        if th.prompt_tokens_per_second is None:
+            th.prompt_tokens_per_second = th.prompt_tokens_all_per_second
+        th.generation_tokens_per_second = _rate(first, last, "generation_tokens")
+        th.preemptions_per_second = _rate(first, last, "preemptions")
         q, h = _rate(first, last, "prefix_cache_queries"), _rate(first, last, "prefix_cache_hits")
         if q and h is not None and q > 0:
-            s.prefix_cache_hit_ratio = h / q
+            th.prefix_cache_hit_ratio = h / q
         it = _hist_delta(first, last, "iteration_tokens")
         if it is not None and it.count > 0:
-            s.engine_step_tokens = it.sum / it.count
-            s.steps_per_second = it.count / (last.t - first.t)
+            th.engine_step_tokens = it.sum / it.count
+            th.steps_per_second = it.count / (last.t - first.t)
+        th.gap_fraction, th.gap = throughput_gap(pts)
+    if measured.prompt_tokens_per_second is not None or measured.generation_tokens_per_second is not None:
+        th.prompt_tokens_all_per_second = None  # the measured averages say nothing of cached tokens
+    for name in Measured.__slots__:
+        v = getattr(measured, name)
+        if v is not None:
+            setattr(th, name, v)
+    return th
 
-        prompt_key = "prompt_tokens_computed" if "prompt_tokens_computed" in last.counters else "prompt_tokens"
-        gaps = 0
-        intervals = 0
-        for a, b in zip(pts, pts[1:]):
-            pr, gr = _rate(a, b, prompt_key), _rate(a, b, "generation_tokens")
-            if pr is None or gr is None:
-                continue
-            intervals += 1
-            if pr < 1.0 and gr > 0 and b.gauges.get("requests_waiting", 0.0) > 0:
-                gaps += 1
-                if b is last:
-                    s.throughput_gap = True
-        if intervals:
-            s.throughput_gap_fraction = gaps / intervals
 
-        for name, out_name in (
-            ("time_to_first_token_seconds", "time_to_first_token_seconds"),
-            ("inter_token_latency_seconds", "inter_token_latency_seconds"),
-            ("queue_time_seconds", "queue_time_seconds"),
-        ):
-            d = _hist_delta(first, last, name)
-            if d is not None and d.count > 0:
-                qs = {q: histogram_quantile(q, d.bounds, d.counts) for q in QUANTILES}
-                s.quantiles[out_name] = {q: v for q, v in qs.items() if v is not None}
+def throughput_gap(pts: list[Point]) -> tuple[float | None, bool]:
+    """The share of intervals with prompt throughput ~0 while generation goes on and requests wait, and
+    whether the last interval is one."""
+    prompt_key = "prompt_tokens_computed" if "prompt_tokens_computed" in pts[-1].counters else "prompt_tokens"
+    gaps = intervals = 0
+    last_gap = False
+    for a, b in zip(pts, pts[1:]):
+        pr, gr = _rate(a, b, prompt_key), _rate(a, b, "generation_tokens")
+        if pr is None or gr is None:
+            continue
+        intervals += 1
+        if pr < 1.0 and gr > 0 and b.gauges.get("requests_waiting", 0.0) > 0:
+            gaps += 1
+            last_gap = b is pts[-1]
+    return (gaps / intervals if intervals else None), last_gap
 
-    # Stall: requests present, and no prompt or generation token since the last progress.
+
+def stalled_seconds(pts: list[Point]) -> float:
+    """How long requests have been present with no prompt or generation token since the last progress."""
     since = None
     for a, b in zip(reversed(pts[:-1]), reversed(pts)):
         present = b.gauges.get("requests_running", 0.0) + b.gauges.get("requests_waiting", 0.0) > 0
@@ -309,36 +396,52 @@ def summarize(history: EngineHistory, now: float, window_seconds: float) -> Sign
         if moved or not present:
             break
         since = a.t
+    g = pts[-1].gauges
     last_present = g.get("requests_running", 0.0) + g.get("requests_waiting", 0.0) > 0
-    s.stalled_seconds = (last.t - since) if (since is not None and last_present) else 0.0
+    return (pts[-1].t - since) if (since is not None and last_present) else 0.0
 
-    # Sequence lengths: requests finished in the window, else everything vLLM has seen since start.
+
+LATENCY_HISTOGRAMS = ("time_to_first_token_seconds", "inter_token_latency_seconds", "queue_time_seconds")
+
+
+def latency_signals(first: Point, last: Point) -> LatencySignals:
+    lat = LatencySignals()
+    if first is last:
+        return lat
+    for name in LATENCY_HISTOGRAMS:
+        d = _hist_delta(first, last, name)
+        if d is not None and d.count > 0:
+            qs = {q: histogram_quantile(q, d.bounds, d.counts) for q in QUANTILES}
+            lat.quantiles[name] = {q: v for q, v in qs.items() if v is not None}
+    return lat
+
+
+def capacity_signals(history: EngineHistory, first: Point, last: Point, kv: KvSignals, queue: QueueSignals) -> CapacitySignals:
+    """Sequence lengths from requests finished in the window, else from everything vLLM has seen since
+    start; capacity from vLLM's cache_config_info."""
+    c = CapacitySignals()
     latest = history.latest
     pd, gd = _hist_delta(first, last, "request_prompt_tokens"), _hist_delta(first, last, "request_generation_tokens")
-    if pd is not None and gd is not None and pd.count > 0 and gd.count > 0:
-        s.mean_prompt_tokens = pd.sum / pd.count
-        s.mean_sequence_tokens = s.mean_prompt_tokens + gd.sum / gd.count
-        s.sequence_tokens_source = "window"
+    if first is not last and pd is not None and gd is not None and pd.count > 0 and gd.count > 0:
+        c.mean_prompt_tokens = pd.sum / pd.count
+        c.mean_sequence_tokens = c.mean_prompt_tokens + gd.sum / gd.count
+        c.sequence_tokens_source = "window"
     elif latest is not None:
         lp, lg = latest.histograms.get("request_prompt_tokens"), latest.histograms.get("request_generation_tokens")
         if lp is not None and lg is not None and lp.count > 0 and lg.count > 0:
-            s.mean_prompt_tokens = lp.sum / lp.count
-            s.mean_sequence_tokens = s.mean_prompt_tokens + lg.sum / lg.count
-            s.sequence_tokens_source = "lifetime"
-
+            c.mean_prompt_tokens = lp.sum / lp.count
+            c.mean_sequence_tokens = c.mean_prompt_tokens + lg.sum / lg.count
+            c.sequence_tokens_source = "lifetime"
     if latest is not None:
-        s.cache = latest.cache
-        s.lora_running, s.lora_waiting, s.max_lora = latest.lora_running, latest.lora_waiting, latest.max_lora
-    cap = s.cache.capacity_tokens if s.cache else None
+        c.cache = latest.cache
+        c.lora_running, c.lora_waiting, c.max_lora = latest.lora_running, latest.lora_waiting, latest.max_lora
+    cap = c.cache.capacity_tokens if c.cache else None
     if cap:
-        s.capacity_tokens = cap
-        if s.kv_cache_usage_ratio is not None:
-            s.free_tokens = cap * max(0.0, 1.0 - s.kv_cache_usage_ratio)
-        if s.mean_sequence_tokens:
-            s.estimated_max_concurrency = cap / s.mean_sequence_tokens
-            if s.running_mean is not None:
-                s.concurrency_headroom = s.estimated_max_concurrency - s.running_mean
-    slope = s.kv_usage_slope_per_second
-    if slope is not None and slope > 1e-4 and s.kv_cache_usage_ratio is not None and s.kv_cache_usage_ratio < 1.0:
-        s.seconds_to_full = (1.0 - s.kv_cache_usage_ratio) / slope
-    return s
+        c.capacity_tokens = cap
+        if kv.usage_ratio is not None:
+            c.free_tokens = cap * max(0.0, 1.0 - kv.usage_ratio)
+        if c.mean_sequence_tokens:
+            c.estimated_max_concurrency = cap / c.mean_sequence_tokens
+            if queue.running_mean is not None:
+                c.concurrency_headroom = c.estimated_max_concurrency - queue.running_mean
+    return c

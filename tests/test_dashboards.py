@@ -3,7 +3,7 @@
 - the committed JSON / ConfigMaps are what the generator produces (``--check``), and ``--check`` notices a diff;
 - the conventions (datasource variable, scope variables, uids, panel types, units, descriptions, rate interval);
 - every query parses as PromQL once the Grafana variables are substituted;
-- every metric a query names is exported by kvwatch (README contract, and kvwatch/export.py once it exists),
+- every metric a query names is exported by kvwatch (README contract, and kvwatch/catalog.py's FAMILIES),
   by vLLM 0.32 (real captures in tests/fixtures/vllm-0.32.0-cpu) or recorded by a rule in alerts/.
 
 The real-Prometheus proof that every query returns data is tests/test_dashboards_prometheus.py.
@@ -293,17 +293,11 @@ def readme_kvwatch_metrics() -> set[str]:
     return names
 
 
-def export_module_metrics() -> set[str] | None:
-    """Names kvwatch/export.py builds: its ``"kvwatch_..."`` literals (counters also with ``_total``) and
-    ``"kvwatch_" + key`` of its per-engine gauge tables."""
-    path = REPO / "kvwatch" / "export.py"
-    if not path.exists():
-        return None
-    from kvwatch import export
+def export_module_metrics() -> set[str]:
+    """Names the collector builds: every family of the catalogue (counters with ``_total``)."""
+    from kvwatch.catalog import FAMILIES
 
-    literals = set(re.findall(r"[\"'](kvwatch_\w+)[\"']", path.read_text()))
-    tables = {**getattr(export, "ENGINE_GAUGES", {}), **getattr(export, "QUANTILE_GAUGES", {})}
-    return literals | {n + "_total" for n in literals} | {"kvwatch_" + k for k in tables}
+    return {f.name for f in FAMILIES} | {f.sample_name for f in FAMILIES}
 
 
 def vllm_metrics() -> set[str]:
@@ -348,8 +342,8 @@ def test_every_queried_metric_is_defined():
             if metric.startswith("kvwatch_"):
                 if metric not in readme:
                     problems.append(f"{where} is not in README's metric table")
-                if exported is not None and metric not in exported:
-                    problems.append(f"{where} is not exported by kvwatch/export.py")
+                if metric not in exported:
+                    problems.append(f"{where} is not exported by kvwatch (kvwatch/catalog.py FAMILIES)")
             elif metric.startswith("vllm:"):
                 if metric not in vllm:
                     problems.append(f"{where} is not exported by vLLM 0.32 (tests/fixtures/vllm-0.32.0-cpu)")
@@ -362,12 +356,12 @@ def test_every_queried_metric_is_defined():
 
 
 def test_state_codes_follow_kvwatch_vocabulary_and_severity():
-    from kvwatch import diagnose
+    from kvwatch.catalog import Bottleneck, KvPressure
 
     states = [b for b, _, _ in generate.BOTTLENECKS]
-    assert set(states) == set(diagnose.BOTTLENECKS)
-    assert states == sorted(diagnose.BOTTLENECKS, key=diagnose.SEVERITY.__getitem__)
-    assert [s for s, _, _ in generate.PRESSURE] == list(diagnose.KV_STATES)
+    assert set(states) == set(Bottleneck)
+    assert states == sorted(Bottleneck, key=lambda b: b.severity)
+    assert [s for s, _, _ in generate.PRESSURE] == list(KvPressure)
     # the README's vocabulary too
     readme = (REPO / "README.md").read_text()
     for state in states:

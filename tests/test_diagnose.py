@@ -4,9 +4,12 @@ import dataclasses
 
 import pytest
 
-from kvwatch.diagnose import ACTIONS, BOTTLENECKS, Hints, diagnose_engine
+from kvwatch.catalog import Action, Bottleneck
+from kvwatch.diagnose import Hints, diagnose_engine
+
+ACTIONS, BOTTLENECKS = list(Action), list(Bottleneck)
 from kvwatch.normalize import CacheConfig
-from kvwatch.state import TargetState
+from kvwatch.state import Target
 from kvwatch.window import Signals
 from tests.upstream import FIXTURES, captures
 
@@ -22,7 +25,7 @@ EXPECTED = {"none_prefix_cache": "none", "max_num_seqs_running_dips": "max_num_s
 
 
 def replay(scenario, hints=Hints()):
-    state = TargetState("fixture", hints=hints)
+    state = Target("fixture", hints=hints)
     files = sorted((FIXTURES / scenario).glob("*.prom"), key=lambda p: float(p.name[:-5]))
     out = []
     for f in files:
@@ -41,9 +44,9 @@ def test_each_capture_is_diagnosed_as_its_folder_says(scenario, with_hints):
     for d in timeline:
         (e,) = d.engines
         assert d.bottleneck == e.bottleneck
-        if e.signals.requests_waiting:
+        if e.signals.queue.waiting:
             waiting_moments += 1
-            if e.signals.waiting_streak < 2 and e.bottleneck == "none":
+            if e.signals.queue.waiting_streak < 2 and e.bottleneck == "none":
                 # A queue's first sample names no ceiling by elimination (no other limit is in sight yet).
                 assert "just formed" in " ".join(e.evidence) and expected_while_waiting == "max_num_seqs"
                 continue
@@ -56,7 +59,7 @@ def test_each_capture_is_diagnosed_as_its_folder_says(scenario, with_hints):
 
 
 def test_kv_cache_evidence_and_advice_follow_the_config():
-    d = next(d for d in replay("kv_cache") if d.engines[0].signals.preemptions_per_second)
+    d = next(d for d in replay("kv_cache") if d.engines[0].signals.throughput.preemptions_per_second)
     e = d.engines[0]
     text = " ".join(e.evidence)
     assert "preemptions/s" in text and "KV cache" in text
@@ -81,11 +84,11 @@ def test_a_dipping_running_gauge_does_not_lower_the_inferred_ceiling():
 def test_a_queue_is_not_blamed_on_an_inferred_ceiling_from_its_first_sample():
     """The first sample with a queue says none ("just formed"); the next names the inferred ceiling."""
     timeline = replay("max_num_seqs")
-    i = next(i for i, d in enumerate(timeline) if d.engines[0].signals.requests_waiting)
+    i = next(i for i, d in enumerate(timeline) if d.engines[0].signals.queue.waiting)
     first, second = timeline[i].engines[0], timeline[i + 1].engines[0]
-    assert first.signals.waiting_streak == 1 and first.bottleneck == "none"
+    assert first.signals.queue.waiting_streak == 1 and first.bottleneck == "none"
     assert "a queue has just formed" in first.evidence[0] and first.max_num_seqs is None
-    assert second.signals.waiting_streak == 2 and second.bottleneck == "max_num_seqs"
+    assert second.signals.queue.waiting_streak == 2 and second.bottleneck == "max_num_seqs"
     assert second.max_num_seqs == (2, "inferred")
 
 
@@ -105,15 +108,32 @@ def test_token_budget_infers_the_budget():
     assert [r.action for r in e.recommendations][0] == "raise_max_num_batched_tokens"
 
 
+# The flat names the tests speak (Signals.as_dict's) -> (part, attribute) of Signals.
+_PARTS = {
+    "requests_running": ("queue", "running"), "requests_waiting": ("queue", "waiting"),
+    "requests_waiting_deferred": ("queue", "waiting_deferred"), "kv_cache_usage_ratio": ("kv", "usage_ratio"),
+    "kv_usage_recent_max": ("kv", "recent_max"),
+    **{k: ("queue", k) for k in ("running_mean", "running_recent_max", "running_max_waiting", "running_at_max_samples",
+                                 "waiting_samples", "waiting_streak", "waiting_recent_min")},
+    **{k: ("throughput", k) for k in ("preemptions_per_second", "stalled_seconds", "engine_step_tokens")},
+    **{k: ("capacity", k) for k in ("capacity_tokens", "mean_prompt_tokens", "mean_sequence_tokens",
+                                    "estimated_max_concurrency", "cache")},
+}
+
+
 def _sig(**kw):
     base = dict(
-        model_name="m", engine="0", t=0.0, samples=10, span_seconds=9.0, requests_running=5.0, requests_waiting=50.0,
+        requests_running=5.0, requests_waiting=50.0,
         kv_cache_usage_ratio=0.97, kv_usage_recent_max=0.97, running_mean=5.0, running_recent_max=6.0,
         preemptions_per_second=2.0, capacity_tokens=100000, mean_prompt_tokens=300.0, mean_sequence_tokens=600.0,
         estimated_max_concurrency=166.0,
     )
     base.update(kw)
-    return Signals(**base)
+    s = Signals(model_name="m", engine="0", t=0.0, samples=10, span_seconds=9.0)
+    for name, value in base.items():
+        part, attr = _PARTS[name]
+        setattr(getattr(s, part), attr, value)
+    return s
 
 
 @pytest.mark.parametrize(
@@ -153,7 +173,7 @@ def test_vocabulary_is_the_documented_one():
         assert f"`{b}`" in readme
     for a in ACTIONS:
         assert f"`{a}`" in readme
-    assert {f.name for f in dataclasses.fields(Signals)} >= {"kv_cache_usage_ratio", "requests_running", "requests_waiting"}
+    assert {f.name for f in dataclasses.fields(Signals)} >= {"kv", "queue", "throughput", "latency", "capacity"}
 
 
 def test_json_document_shape():

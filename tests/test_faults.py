@@ -30,7 +30,7 @@ class Clock:
 
 def render(monitor) -> dict:
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(KvwatchCollector(lambda: monitor.statuses.values()))
+    reg.register(KvwatchCollector(lambda: monitor.targets.values()))
     out = {}
     for fam in text_string_to_metric_families(generate_latest(reg).decode()):
         for s in fam.samples:
@@ -169,7 +169,7 @@ async def test_counter_reset_on_vllm_restart_gives_no_negative_rate(monitor, ups
         for name in ("kvwatch_prompt_tokens_per_second", "kvwatch_generation_tokens_per_second", "kvwatch_preemptions_per_second"):
             v = value(metrics, name, **ENGINE)
             assert v is None or v >= 0, (name, v)
-    assert m.states[upstream.url].engines[("tiny-llama-dummy", "0")].resets >= 1
+    assert m.targets[upstream.url].engines[("tiny-llama-dummy", "0")].resets >= 1
 
 
 async def test_renamed_or_missing_metric_exports_what_is_still_valid(monitor, upstream):
@@ -252,10 +252,10 @@ async def test_the_scrape_loop_keeps_schedule_through_faults(upstream):
         await asyncio.sleep(0.5)
         upstream.mode = "slow"
         await asyncio.sleep(0.6)
-        assert m.statuses[upstream.url].up is False
+        assert m.targets[upstream.url].up is False
         upstream.mode = "ok"
         await asyncio.sleep(0.6)
-        assert m.statuses[upstream.url].up is True
+        assert m.targets[upstream.url].up is True
     finally:
         await m.stop()
     assert m.scrapes <= 10  # ~1.7 s at 0.2 s: missed ticks are skipped, never bunched after the slow ones

@@ -131,7 +131,7 @@ def test_v0_preemptions_come_from_the_warnings_counter_not_their_number():
              warn(17, 151, "SWAP"), stats(20, 25)]
     s = read(lines)
     assert [r.preemptions for r in s.results] == [None, 1, None, 100, 50]
-    assert s.results[3].diagnosis.signals.preemptions_per_second == pytest.approx(20.0)  # 100 in a 5 s interval
+    assert s.results[3].diagnosis.signals.throughput.preemptions_per_second == pytest.approx(20.0)  # 100 in a 5 s interval
     ev = " ".join(s.results[3].diagnosis.evidence)
     assert "total_num_cumulative_preemption=101 (line 6)" in ev
     assert "no preemption warning in this interval" in " ".join(s.results[2].diagnosis.evidence)
@@ -235,15 +235,15 @@ def test_capacity_from_start_up_lines(startup, capacity, max_model_len):
     lines.append(v1(30, V1_08 % (0, 10.0, 10.0, 4, 9, 50.0, 0.0)))
     s = read(lines)
     sig = s.results[0].diagnosis.signals
-    assert sig.capacity_tokens == capacity
-    assert sig.free_tokens == pytest.approx(capacity * 0.5)
+    assert sig.capacity.capacity_tokens == capacity
+    assert sig.capacity.free_tokens == pytest.approx(capacity * 0.5)
     mml = s.analyzer.config.max_model_len()
     assert (mml.value if mml else None) == max_model_len
 
 
 def test_each_data_parallel_engine_gets_its_own_capacity():
     s = read((LOGS / "v1_dp2_preemptions.log").read_text().splitlines())
-    caps = {r.record.engine: r.diagnosis.signals.capacity_tokens for r in s.results}
+    caps = {r.record.engine: r.diagnosis.signals.capacity.capacity_tokens for r in s.results}
     assert caps == {"000": 301248, "001": 296640}
 
 
@@ -274,7 +274,7 @@ def test_namespace_arguments_of_older_servers():
     s = read(lines)
     d = s.results[0].diagnosis
     assert s.analyzer.config.get("max_num_batched_tokens") is None  # None in the Namespace: not known
-    assert d.signals.capacity_tokens == 1862 * 16
+    assert d.signals.capacity.capacity_tokens == 1862 * 16
     assert d.bottleneck == "max_num_seqs" and d.max_num_seqs == (256, "configured")
 
 
@@ -323,7 +323,7 @@ def test_iteration_details_give_tokens_per_step():
     """With --enable-logging-iteration-details (0.32) the log has what token_budget needs."""
     lines = (LOGS / "v1_0.32_iteration_details.log").read_text().splitlines()
     d = read(lines).results[0].diagnosis
-    assert d.signals.engine_step_tokens == 256 and d.max_num_batched_tokens == (256, "configured")
+    assert d.signals.throughput.engine_step_tokens == 256 and d.max_num_batched_tokens == (256, "configured")
     assert d.recommendations[0].action == "raise_max_num_batched_tokens"
     bare = [line for line in lines if "non-default args" not in line and "Chunked prefill" not in line]
     d = read(bare).results[0].diagnosis
@@ -336,4 +336,4 @@ def test_stalled_engine_then_restart():
     assert stalled[0].diagnosis.recommendations[0].action == "restart_engine"
     assert "no token produced for 10 s" in stalled[0].diagnosis.evidence[0]
     assert len(s.analyzer.configs) == 2  # the second 'non-default args' line started a new run
-    assert s.results[-1].diagnosis.signals.running_recent_max == 30  # history restarted: the stall is forgotten
+    assert s.results[-1].diagnosis.signals.queue.running_recent_max == 30  # history restarted: the stall is forgotten

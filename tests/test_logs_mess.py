@@ -37,7 +37,7 @@ def summary(s: LogSession) -> list[tuple]:
             rec.engine, rec.clock, rec.prompt_tokens_per_second, rec.generation_tokens_per_second,
             rec.requests_running, rec.requests_waiting, rec.requests_swapped, rec.requests_deferred,
             rec.kv_cache_usage_ratio, rec.prefix_cache_hit_ratio, rec.preemptions, rec.kv_fetch,
-            d.bottleneck, tuple(x.action for x in d.recommendations), d.signals.capacity_tokens,
+            d.bottleneck, tuple(x.action for x in d.recommendations), d.signals.capacity.capacity_tokens,
         ))
     return out
 
@@ -258,7 +258,7 @@ def test_collector_clock_when_lines_carry_no_vllm_header():
     s = read(text)
     assert [r.interval for r in s.results] == [10.0, 5.0, 5.0]  # the first: vLLM's default interval
     assert [r.diagnosis.bottleneck for r in s.results] == ["max_num_seqs", "stalled", "stalled"]
-    assert s.results[1].diagnosis.signals.stalled_seconds == 5.0
+    assert s.results[1].diagnosis.signals.throughput.stalled_seconds == 5.0
 
 
 @pytest.mark.parametrize("name", ["messy_cri_node.log", "messy_terminal_copy.log", "messy_wrapper_glued.log"])

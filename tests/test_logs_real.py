@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from kvwatch.diagnose import ACTIONS, BOTTLENECKS
+from kvwatch.catalog import Action, Bottleneck
+
+ACTIONS, BOTTLENECKS = list(Action), list(Bottleneck)
 from kvwatch.logs import main as logs_main
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm-0.32.0-cpu"

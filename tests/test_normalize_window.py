@@ -133,7 +133,7 @@ def test_counter_reset_is_an_increase_from_zero_never_negative():
         h.add(*_snap(t, gen, (0, 0, 0)))
     s = summarize(h, 4, 10)
     # 100 + 100 + 50 (from zero) + 100 tokens over 4 s
-    assert s.generation_tokens_per_second == pytest.approx(350 / 4)
+    assert s.throughput.generation_tokens_per_second == pytest.approx(350 / 4)
     assert h.resets == 1
     for a, b in zip(list(h.points), list(h.points)[1:]):
         assert b.counters["generation_tokens"] >= a.counters["generation_tokens"]
@@ -145,10 +145,10 @@ def test_histogram_window_delta_and_reset():
     h.add(*_snap(1, 0, (10, 20, 30)))  # 10 new observations, all in (1, +Inf]
     h.add(*_snap(2, 0, (2, 2, 2)))  # reset: 2 observations <= 0.1 since restart
     s = summarize(h, 2, 10)
-    q = s.quantiles["time_to_first_token_seconds"]
+    q = s.latency.quantiles["time_to_first_token_seconds"]
     # window delta: 2 in (0, 0.1], 10 in (1, +Inf]; p50 lands in +Inf -> highest finite bound
     assert q[0.5] == 1.0 and q[0.99] == 1.0
-    assert summarize(h, 2, 1.5).quantiles["time_to_first_token_seconds"][0.5] == pytest.approx(0.05)
+    assert summarize(h, 2, 1.5).latency.quantiles["time_to_first_token_seconds"][0.5] == pytest.approx(0.05)
 
 
 @pytest.mark.parametrize(
@@ -177,7 +177,7 @@ def test_stall_is_measured_from_the_last_token():
     for t in range(10):
         h.add(*_snap(t, 500 if t >= 3 else 100 * t, (0, 0, 0), waiting=3, running=2))
     s = summarize(h, 9, 20)
-    assert s.stalled_seconds == 6  # last token at t=3
+    assert s.throughput.stalled_seconds == 6  # last token at t=3
 
 
 def test_waiting_streak_counts_only_the_latest_samples_in_a_row():
@@ -186,6 +186,6 @@ def test_waiting_streak_counts_only_the_latest_samples_in_a_row():
     for t, waiting in enumerate([2, 0, 2, 0, 2]):
         h.add(*_snap(t, 100 * t, (0, 0, 0), waiting=waiting, running=6))
     s = summarize(h, 4, 10)
-    assert (s.waiting_samples, s.waiting_streak) == (3, 1)
+    assert (s.queue.waiting_samples, s.queue.waiting_streak) == (3, 1)
     h.add(*_snap(5, 500, (0, 0, 0), waiting=3, running=6))
-    assert summarize(h, 5, 10).waiting_streak == 2
+    assert summarize(h, 5, 10).queue.waiting_streak == 2

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from kvwatch.diagnose import Diagnosis, Hints, Thresholds, diagnose_engine
 from kvwatch.logs.records import Event, StatsRecord
 from kvwatch.normalize import CacheConfig, EngineSnapshot
-from kvwatch.window import RECENT, EngineHistory, summarize
+from kvwatch.window import RECENT, EngineHistory, Measured, summarize
 
 __all__ = ["LogAnalyzer", "RecordResult", "ServerConfig"]
 
@@ -317,16 +317,8 @@ class LogAnalyzer:
             cache=cache,
         )
         e.history.add(t, snap)
-        # Up to RECENT records, and none from before an idle gap longer than two intervals.
-        s = summarize(e.history, t, window_seconds=(RECENT - 0.5) * max(typical, interval))
-        s.prompt_tokens_per_second = rec.prompt_tokens_per_second  # the record's own 10 s averages
-        s.prompt_tokens_all_per_second = None
-        s.generation_tokens_per_second = rec.generation_tokens_per_second
-        s.prefix_cache_hit_ratio = rec.prefix_cache_hit_ratio
+        step_tokens_before = e.step_tokens_at_last
         steps = e.steps - e.steps_at_last  # iteration-detail lines since the last record of this engine
-        if steps > 0:
-            s.engine_step_tokens = (e.step_tokens - e.step_tokens_at_last) / steps
-            s.steps_per_second = steps / interval
         e.steps_at_last, e.step_tokens_at_last = e.steps, e.step_tokens
         preemptions = None
         if rec.fmt == "v1" and rec.preemptions is not None:
@@ -334,7 +326,16 @@ class LogAnalyzer:
         elif rec.fmt == "v0" and self.v0_counter > e.v0_counter_at_last:
             preemptions = self.v0_counter - e.v0_counter_at_last
             e.v0_counter_at_last = self.v0_counter
-        s.preemptions_per_second = None if preemptions is None else preemptions / interval
+        measured = Measured(  # the record's own 10 s averages, not rates of the history's counters
+            prompt_tokens_per_second=rec.prompt_tokens_per_second,
+            generation_tokens_per_second=rec.generation_tokens_per_second,
+            preemptions_per_second=None if preemptions is None else preemptions / interval,
+            prefix_cache_hit_ratio=rec.prefix_cache_hit_ratio,
+            engine_step_tokens=(e.step_tokens - step_tokens_before) / steps if steps > 0 else None,
+            steps_per_second=steps / interval if steps > 0 else None,
+        )
+        # Up to RECENT records, and none from before an idle gap longer than two intervals.
+        s = summarize(e.history, t, window_seconds=(RECENT - 0.5) * max(typical, interval), measured=measured)
 
         hints = self._hints(rec)
         d = diagnose_engine(s, hints, self.thresholds)
@@ -373,8 +374,8 @@ class LogAnalyzer:
         waiting = rec.requests_waiting
         busy = rec.prompt_tokens_per_second > 0 or rec.generation_tokens_per_second > 0
         if d.bottleneck == "kv_cache":
-            if s.capacity_tokens:
-                notes.append(f"KV capacity {_fmt_int(s.capacity_tokens)} tokens from line {cap_from.line} ({cap_how})")
+            if s.capacity.capacity_tokens:
+                notes.append(f"KV capacity {_fmt_int(s.capacity.capacity_tokens)} tokens from line {cap_from.line} ({cap_how})")
             else:
                 notes.append("KV capacity in tokens unknown: the log has no start-up capacity line "
                              "(KV cache size / # GPU blocks / Maximum concurrency)")
@@ -395,7 +396,7 @@ class LogAnalyzer:
             a, b, c3 = rec.kv_fetch
             notes.append(f"KV fetch: {a} waiting to start, {b} in progress, {c3} completed waiting "
                          "(requests waiting on remote KV transfer, not on this engine's limits)")
-        if d.bottleneck in ("kv_cache", "max_num_seqs") and s.mean_sequence_tokens is None:
+        if d.bottleneck in ("kv_cache", "max_num_seqs") and s.capacity.mean_sequence_tokens is None:
             notes.append("sequence lengths are not in the log: how many sequences the KV cache holds, and so "
                          "how far max_num_seqs or max_model_len could move, cannot be estimated")
         if d.bottleneck == "max_num_seqs" and d.max_num_seqs and d.max_num_seqs[1] == "configured":
@@ -414,7 +415,7 @@ class LogAnalyzer:
             src = self.hint_source("max_num_batched_tokens")
             notes.append(f"tokens per step from vLLM's iteration-detail lines; max_num_batched_tokens="
                          f"{hints.max_num_batched_tokens} from {src}")
-        if waiting > 0 and d.bottleneck == "none" and s.engine_step_tokens is None and (
+        if waiting > 0 and d.bottleneck == "none" and s.throughput.engine_step_tokens is None and (
             rec.requests_deferred or 0
         ) < waiting:
             budget = hints.max_num_batched_tokens

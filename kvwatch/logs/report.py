@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from kvwatch.diagnose import SEVERITY
+from kvwatch.catalog import Bottleneck
 from kvwatch.logs.analyze import LogAnalyzer, RecordResult
 
 __all__ = ["dominant", "render_report", "render_row"]
@@ -17,7 +17,7 @@ def dominant(results: list[RecordResult]) -> str:
     seen = Counter(r.diagnosis.bottleneck for r in results)
     limits = [b for b in seen if b in LIMITS]
     if limits:
-        return max(limits, key=lambda b: (seen[b], SEVERITY[b]))
+        return max(limits, key=lambda b: (seen[b], Bottleneck(b).severity))
     if seen.get("none"):
         return "none"
     return "idle"

@@ -7,32 +7,19 @@ stands in for.
   generated text full of odd spacing, malformed lines, undeclared samples and name prefixes; and
   with a family filter the result equals ``prometheus_client`` (filtered) on generated text and on
   the benchmark's payloads (8 engines x 2 models, 100k series).
-- ``export.render``: byte for byte what ``prometheus_client`` writes for ``KvwatchCollector`` (text
-  0.0.4 and 1.0.0, OpenMetrics 1.0.0), on real diagnoses and on hostile label values.
-- ``/metrics``: the same body and Content-Type as ``prometheus_client``'s own aiohttp handler for
-  every Accept header a scraper sends, falling back to it for what ``render`` does not cover.
 """
 
 from __future__ import annotations
 
-import asyncio
 import math
-from functools import partial
 
 import pytest
-from aiohttp.test_utils import make_mocked_request
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.aiohttp import make_aiohttp_handler
-from prometheus_client.openmetrics import exposition as om
 from prometheus_client.parser import text_string_to_metric_families
 
 import kvwatch.parse as P
-from bench.cycle import Cycle
 from bench.payloads import big, real_bodies, relabel
-from kvwatch.app import make_metrics_handler
-from kvwatch.export import KvwatchCollector, TargetStatus, render
 from kvwatch.normalize import keep_family
 
 
@@ -214,91 +201,3 @@ def test_filtered_parse_equals_prometheus_client_on_the_benchmark_payloads(bodie
     assert _ours(dp) == _reference(dp)
     large = big([bodies[20]])[0]
     assert _ours(large, keep_family) == _reference(large, keep_family)
-
-
-# --- render == prometheus_client ---------------------------------------------------------------------
-
-_ENCODERS = {
-    "text 0.0.4": (generate_latest, False),
-    "text 1.0.0 allow-utf-8": (partial(generate_latest, escaping=om.ALLOWUTF8), False),
-    "openmetrics 1.0.0": (partial(om.generate_latest, escaping=om.UNDERSCORES, version="1.0.0"), True),
-    "openmetrics 1.0.0 allow-utf-8": (partial(om.generate_latest, escaping=om.ALLOWUTF8, version="1.0.0"), True),
-}
-
-
-def _registry(statuses):
-    reg = CollectorRegistry(auto_describe=False)
-    reg.register(KvwatchCollector(lambda: statuses))
-    return reg
-
-
-def _states(bodies):
-    """Statuses after each scrape of real and relabelled payloads, hostile names included."""
-    weird = [b.replace('model_name="tiny-llama-dummy"', 'model_name="we\\"ird \\\\ mod\\nel ✓"') for b in bodies[10:22]]
-    out = []
-
-    async def run(payloads, interval=1.0):
-        cyc = Cycle(interval=interval)
-        for body in payloads:
-            await cyc.run(body)
-            out.append(list(cyc.monitor.statuses.values()))
-
-    asyncio.run(run(bodies[:30]))
-    asyncio.run(run([relabel(b, 8, 2) for b in bodies[8:20]]))
-    asyncio.run(run(weird))
-    never = TargetStatus('http://h:1/m?"q"=\\x\n')
-    failing = TargetStatus("http://down:2/metrics")
-    failing.errors["connect"] = 7
-    failing.scrape_duration_seconds = 0.8
-    out.append([never, failing] + out[-1])
-    return out
-
-
-@pytest.fixture(scope="module")
-def states(bodies):
-    return _states(bodies)
-
-
-@pytest.mark.parametrize("fmt", list(_ENCODERS))
-def test_render_equals_prometheus_client(states, fmt):
-    encoder, openmetrics = _ENCODERS[fmt]
-    for statuses in states:
-        assert render(statuses, openmetrics) == encoder(_registry(statuses))
-
-
-ACCEPT = [
-    None,
-    "*/*",
-    "text/plain;version=0.0.4",
-    "text/plain;version=1.0.0;escaping=allow-utf-8",
-    "text/plain;version=1.0.0;escaping=underscores",
-    "text/plain;version=1.0.0;escaping=dots",  # prometheus_client escapes names: served by its handler
-    "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
-    "text/plain;version=0.0.4;q=0.5,*/*;q=0.1",  # Prometheus 2
-    "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.5,application/openmetrics-text;"
-    "version=0.0.1;q=0.4,text/plain;version=1.0.0;escaping=allow-utf-8;q=0.3,text/plain;version=0.0.4;q=0.2,*/*;q=0.1",
-    "application/openmetrics-text",
-    "application/openmetrics-text;version=0.0.1",
-    "application/openmetrics-text;version=2.0.0",
-    "application/openmetrics-text;version=1.0.0;escaping=values",
-]
-
-
-class _Monitor:
-    def __init__(self, statuses):
-        self.statuses = {s.target: s for s in statuses}
-
-
-@pytest.mark.parametrize("accept", ACCEPT)
-@pytest.mark.parametrize("query", ["", "?name[]=kvwatch_up"])
-async def test_metrics_handler_equals_prometheus_clients_handler(states, accept, query):
-    statuses = states[-1]
-    registry = _registry(statuses)
-    ours = make_metrics_handler(_Monitor(statuses), registry)
-    theirs = make_aiohttp_handler(registry)
-    headers = {} if accept is None else {"Accept": accept}
-    a = await ours(make_mocked_request("GET", "/metrics" + query, headers=headers))
-    b = await theirs(make_mocked_request("GET", "/metrics" + query, headers=headers))
-    assert (a.status, a.headers["Content-Type"], a.body) == (b.status, b.headers["Content-Type"], b.body)
-    if not query:  # (a name[] filter selects nothing from an unchecked collector, in prometheus_client too)
-        assert b"bottleneck" in a.body

@@ -1,0 +1,255 @@
+"""kvwatch's one vocabulary: bottlenecks, actions, KV-pressure states, default thresholds, exported families.
+
+Everything else derives from here: the diagnosis returns these enums, the collector builds these families,
+``grafana/`` colours and orders panels by them, ``alerts/generate.py --check`` and ``docs/generate.py --check``
+refuse rule files and README tables that disagree with them. Adding a bottleneck is one member here plus its
+rule in ``kvwatch/diagnose.py``; a test fails if a bottleneck or action name is spelled as a string literal
+anywhere else in ``kvwatch/``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+__all__ = [
+    "Action",
+    "Bottleneck",
+    "Family",
+    "FAMILIES",
+    "KvPressure",
+    "Source",
+    "Thresholds",
+    "family",
+    "most_severe",
+]
+
+
+class Bottleneck(StrEnum):
+    """Which limit binds an engine, least to most severe: a target's bottleneck is its worst engine's."""
+
+    label: str
+    colour: str  # Grafana colour name of the state in every dashboard
+    meaning: str
+
+    def __new__(cls, value: str, label: str, colour: str, meaning: str) -> Bottleneck:
+        obj = str.__new__(cls, value)
+        obj._value_ = value
+        obj.label, obj.colour, obj.meaning = label, colour, meaning
+        return obj
+
+    IDLE = "idle", "idle", "text", "nothing running or waiting"
+    NONE = "none", "serving, no queue", "green", "serving, no queue building"
+    TOKEN_BUDGET = (
+        "token_budget", "token budget", "yellow",
+        "prefill pinned at the per-step token budget, KV and sequence room to spare",
+    )
+    MAX_NUM_SEQS = "max_num_seqs", "max_num_seqs", "orange", "running pinned at the sequence ceiling with KV room to spare"
+    KV_CACHE = (
+        "kv_cache", "KV cache", "red",
+        "requests wait because free KV blocks cannot hold the next prefill: high KV usage, the throughput gap, preemptions",
+    )
+    UNREACHABLE = "unreachable", "unreachable", "purple", "no successful scrape in the window"
+    STALLED = "stalled", "stalled", "dark-red", "requests present, no token progress"
+
+    @property
+    def severity(self) -> int:
+        return _SEVERITY[self]
+
+
+_SEVERITY = {b: i for i, b in enumerate(Bottleneck)}
+
+
+def most_severe(bottlenecks) -> Bottleneck:
+    return max((Bottleneck(b) for b in bottlenecks), key=_SEVERITY.__getitem__, default=Bottleneck.IDLE)
+
+
+class Action(StrEnum):
+    """What to change, cheapest first: recommendations are listed in this order."""
+
+    flag: str  # the vLLM flag (or operation) the action is about
+    meaning: str
+
+    def __new__(cls, value: str, flag: str, meaning: str) -> Action:
+        obj = str.__new__(cls, value)
+        obj._value_ = value
+        obj.flag, obj.meaning = flag, meaning
+        return obj
+
+    FP8_KV_CACHE = "fp8_kv_cache", "--kv-cache-dtype fp8", "halve the bytes per cached token"
+    ENABLE_PREFIX_CACHING = "enable_prefix_caching", "--enable-prefix-caching", "store shared prompt prefixes once"
+    REDUCE_MAX_MODEL_LEN = "reduce_max_model_len", "--max-model-len", "stop a few long requests holding most of the KV cache"
+    RAISE_GPU_MEMORY_UTILIZATION = (
+        "raise_gpu_memory_utilization", "--gpu-memory-utilization", "give the KV cache more of the device memory",
+    )
+    RAISE_MAX_NUM_SEQS = "raise_max_num_seqs", "--max-num-seqs", "more sequences per step when KV has room"
+    LOWER_MAX_NUM_SEQS = "lower_max_num_seqs", "--max-num-seqs", "fewer sequences, so each has room to grow (no preemption)"
+    RAISE_MAX_NUM_BATCHED_TOKENS = (
+        "raise_max_num_batched_tokens", "--max-num-batched-tokens", "a larger per-step budget admits prefills faster",
+    )
+    ADD_REPLICA = "add_replica", "replicas", "another engine: more KV cache and compute, another GPU"
+    RESTART_ENGINE = "restart_engine", "restart", "the engine makes no progress although it has work"
+
+
+class KvPressure(StrEnum):
+    """KV usage against the two thresholds (``kvwatch_kv_cache_pressure``), least to most severe."""
+
+    label: str
+    colour: str
+
+    def __new__(cls, value: str, label: str, colour: str) -> KvPressure:
+        obj = str.__new__(cls, value)
+        obj._value_ = value
+        obj.label, obj.colour = label, colour
+        return obj
+
+    OK = "ok", "ok", "green"
+    ADMISSION_STALL = "admission_stall", "admission stall", "orange"
+    PREEMPTION_RISK = "preemption_risk", "preemption risk", "red"
+
+
+class Source(StrEnum):
+    """Where a limit's value came from (the ``source`` label)."""
+
+    CONFIGURED = "configured"
+    INFERRED = "inferred"
+
+
+@dataclass(frozen=True, slots=True)
+class Thresholds:
+    """Every cut-off the rules use, with why. ``Settings.thresholds`` sets the first three from flags."""
+
+    # vLLM's scheduler admits a prefill only if its blocks fit (kv_cache_manager.allocate_slots); our
+    # captures stall admission from ~0.9 and preempt from ~0.95 (tests/fixtures/README.md, kv_cache).
+    admission_stall: float = 0.90
+    preemption_risk: float = 0.95
+    # No token progress with requests present for this long = stalled (Settings: max(5 s, 3 intervals)).
+    stall_seconds: float = 5.0
+    # Samples in a row with a queue before a ceiling is named by elimination: at 1-s scrapes the first
+    # sample of a KV-bound queue often shows KV usage a step behind admission, and Poisson traffic
+    # leaves an odd sample with a couple of requests not yet admitted.
+    min_queue_samples: int = 2
+    # A single request caught between arrival and admission is not a queue.
+    brief_queue_requests: float = 2.0
+    # Steps carrying at least this share of --max-num-batched-tokens are full: chunked prefill fills the
+    # budget minus the decodes' tokens (token_budget capture: ~250 of 256).
+    full_step_budget_share: float = 0.75
+    # Without the budget hint: decoding alone puts about one token per running request in a step, so steps
+    # this many times fuller than Running (and at least min_prefill_step_tokens) are prefill chunks.
+    prefill_tokens_per_running: float = 8.0
+    min_prefill_step_tokens: float = 64.0
+    # Running's peak while requests waited at this share of a configured ceiling still names it: real
+    # vLLM's 1-s Running samples read low (one request finishing, the next not yet counted).
+    near_ceiling_share: float = 0.75
+    # Advice: raise max_num_seqs toward the KV's concurrency only if it is this much above the ceiling,
+    # and suggest this share of it (headroom for longer sequences).
+    raise_seqs_margin: float = 1.2
+    raise_seqs_target_share: float = 0.9
+    # Advice: sequences under this share of max_model_len make a lower limit worth it.
+    short_sequence_share: float = 0.25
+    # Advice: gpu_memory_utilization below this leaves memory to give the KV cache (activations and
+    # CUDA graphs need the rest).
+    gpu_memory_utilization_ceiling: float = 0.95
+
+
+@dataclass(frozen=True, slots=True)
+class Family:
+    """One exported metric family: what the collector builds and the README documents."""
+
+    name: str
+    type: str  # "gauge" or "counter" (exposed with _total)
+    labels: tuple[str, ...]
+    unit: str  # for people: the README's unit column
+    help: str
+    signal: str | None = None  # for plain per-engine gauges: the ``Signals`` attribute path it reads
+    doc: str | None = None  # the README's meaning, when it says more than the help
+
+    @property
+    def sample_name(self) -> str:
+        return self.name + "_total" if self.type == "counter" else self.name
+
+    @property
+    def meaning(self) -> str:
+        return self.doc or self.help.rstrip(".")
+
+
+ENGINE = ("target", "model_name", "engine")
+
+
+def _engine(name: str, unit: str, help_: str, signal: str, doc: str | None = None) -> Family:
+    return Family(name, "gauge", ENGINE, unit, help_, signal, doc)
+
+
+def _states(values) -> str:
+    return ", ".join(f"`{v}`" for v in values)
+
+
+FAMILIES: tuple[Family, ...] = (
+    Family("kvwatch_up", "gauge", ("target",), "0/1", "1 if the last scrape of the target succeeded."),
+    Family("kvwatch_scrape_duration_seconds", "gauge", ("target",), "s", "Duration of the last scrape (fetch + parse)."),
+    Family("kvwatch_scrape_errors", "counter", ("target", "reason"), "errors", "Failed scrapes of the target, by reason.",
+           doc="failed scrapes by `reason`: `connect`, `timeout`, `http_status`, `too_large`, `decode`, `parse`, "
+               "`no_vllm_metrics`"),
+    Family("kvwatch_build_info", "gauge", ("version",), "1", "kvwatch version."),
+    Family("kvwatch_target_bottleneck", "gauge", ("target", "bottleneck"), "state set",
+           "Most severe bottleneck across the target's engines (state set).",
+           doc="the most severe bottleneck across the target's engines; `unreachable` when the target cannot be scraped"),
+    _engine("kvwatch_kv_cache_usage_ratio", "ratio", "Fraction of KV-cache blocks in use (0-1).", "kv.usage_ratio",
+            "KV-cache blocks in use (vLLM's `kv_cache_usage_perc`, 0–1)"),
+    _engine("kvwatch_kv_cache_capacity_tokens", "tokens", "KV cache size in tokens.", "capacity.capacity_tokens",
+            "KV cache size in tokens (`kv_cache_size_tokens`, else `num_gpu_blocks × block_size`)"),
+    _engine("kvwatch_kv_cache_free_tokens", "tokens", "KV-cache tokens free: capacity x (1 - usage).", "capacity.free_tokens",
+            "capacity × (1 − usage)"),
+    _engine("kvwatch_requests_running", "requests", "Requests in the running batch.", "queue.running"),
+    _engine("kvwatch_requests_waiting", "requests", "Requests in the waiting queue.", "queue.waiting"),
+    _engine("kvwatch_prompt_tokens_per_second", "tokens/s", "Prefill tokens computed per second over the window.",
+            "throughput.prompt_tokens_per_second",
+            "prefill tokens computed per second over the window (cached prompt tokens excluded when vLLM reports them)"),
+    _engine("kvwatch_generation_tokens_per_second", "tokens/s", "Generated tokens per second over the window.",
+            "throughput.generation_tokens_per_second"),
+    _engine("kvwatch_preemptions_per_second", "1/s", "Preemptions per second over the window.",
+            "throughput.preemptions_per_second"),
+    _engine("kvwatch_engine_step_tokens", "tokens", "Mean tokens scheduled per engine step over the window.",
+            "throughput.engine_step_tokens"),
+    _engine("kvwatch_mean_sequence_tokens", "tokens", "Mean prompt + generation tokens of finished requests.",
+            "capacity.mean_sequence_tokens", "mean prompt + generation tokens of requests finished in the window"),
+    _engine("kvwatch_estimated_max_concurrency", "requests",
+            "Sequences the KV cache holds at the observed mean length: capacity / mean sequence tokens.",
+            "capacity.estimated_max_concurrency", "capacity tokens / mean sequence tokens"),
+    _engine("kvwatch_concurrency_headroom", "requests", "Estimated max concurrency minus mean running requests.",
+            "capacity.concurrency_headroom", "estimated max concurrency − mean running requests"),
+    _engine("kvwatch_kv_cache_seconds_to_full", "s",
+            "Linear forecast of seconds until KV usage reaches 1 (absent when not rising).", "kv.seconds_to_full",
+            "linear forecast of time until KV usage reaches 1; absent when not rising"),
+    _engine("kvwatch_prefix_cache_hit_ratio", "ratio", "Prefix-cache hit tokens / queried tokens over the window.",
+            "throughput.prefix_cache_hit_ratio"),
+    Family("kvwatch_time_to_first_token_seconds", "gauge", (*ENGINE, "quantile"), "s",
+           "Time to first token, quantiles over the window.", doc="TTFT quantiles (0.5, 0.9, 0.99) over the window"),
+    Family("kvwatch_inter_token_latency_seconds", "gauge", (*ENGINE, "quantile"), "s",
+           "Inter-token latency, quantiles over the window."),
+    Family("kvwatch_queue_time_seconds", "gauge", (*ENGINE, "quantile"), "s",
+           "Time requests spent waiting, quantiles over the window.",
+           doc="time in the waiting queue, quantiles over the window"),
+    Family("kvwatch_throughput_gap", "gauge", ENGINE, "0/1",
+           "1 while prompt throughput is ~0, generation continues and requests wait (last interval)."),
+    Family("kvwatch_kv_cache_pressure", "gauge", (*ENGINE, "state"), "state set",
+           "KV-cache pressure state set: ok, admission_stall, preemption_risk.",
+           doc=f"exactly one of {_states(KvPressure)} is 1"),
+    Family("kvwatch_max_num_seqs", "gauge", (*ENGINE, "source"), "requests", "The max_num_seqs ceiling, configured or inferred.",
+           doc='the `max_num_seqs` ceiling, `source="configured"` or `"inferred"`; absent if unknown'),
+    Family("kvwatch_max_num_batched_tokens", "gauge", (*ENGINE, "source"), "tokens",
+           "The per-step token budget, configured or inferred.",
+           doc="the per-step token budget, configured or inferred; absent if unknown"),
+    Family("kvwatch_lora_adapters", "gauge", (*ENGINE, "state"), "adapters", "LoRA adapters running / waiting.",
+           doc="LoRA adapters `running` / `waiting` (from `lora_requests_info`)"),
+    Family("kvwatch_bottleneck", "gauge", (*ENGINE, "bottleneck"), "state set",
+           "Which limit binds the engine (state set: exactly one is 1).", doc=f"exactly one of {_states(Bottleneck)} is 1"),
+    Family("kvwatch_recommendation", "gauge", (*ENGINE, "action"), "1", "1 per active recommendation for the engine.",
+           doc="one series per active recommendation"),
+)
+
+_BY_NAME = {f.name: f for f in FAMILIES}
+
+
+def family(name: str) -> Family:
+    return _BY_NAME[name]
