@@ -20,7 +20,7 @@ from prometheus_client.aiohttp import make_aiohttp_handler
 
 from kvwatch import __version__
 from kvwatch.config import Settings
-from kvwatch.catalog import most_severe
+from kvwatch.catalog import Bottleneck, most_severe
 from kvwatch.export import KvwatchCollector
 from kvwatch.parse import ParseError, parse
 from kvwatch.normalize import keep_family
@@ -127,7 +127,7 @@ class Monitor:
         docs = []
         for t in self.settings.target:
             d = self.targets[t].diagnosis
-            docs.append(d.as_dict() if d else {"timestamp": None, "target": t, "up": False, "bottleneck": "unreachable", "engines": []})
+            docs.append(d.as_dict() if d else {"timestamp": None, "target": t, "up": False, "bottleneck": Bottleneck.UNREACHABLE, "engines": []})
         if len(docs) == 1:
             return docs[0]
         return {"timestamp": self.clock(), "bottleneck": most_severe([d["bottleneck"] for d in docs]), "targets": docs}

@@ -170,7 +170,10 @@ class Family:
 
     @property
     def meaning(self) -> str:
-        return self.doc or self.help.rstrip(".")
+        if self.doc:
+            return self.doc
+        h = self.help.rstrip(".")
+        return h[0].lower() + h[1:] if h[1:2].islower() else h
 
 
 ENGINE = ("target", "model_name", "engine")

@@ -208,7 +208,7 @@ async def _diagnose_live(args, settings: Settings) -> int:
         return 1
     if not args.timeline:
         _print_result(final, hist, args.json)
-    return 0 if final.bottleneck != "unreachable" else 1
+    return 0 if final.bottleneck != Bottleneck.UNREACHABLE else 1
 
 
 async def _record(args, settings: Settings) -> int:

@@ -127,8 +127,8 @@ def _n(x: float | None) -> str:
 
 
 SENTENCES: dict[str, str] = {
-    "stalled": "{present!n} requests present ({running!n} running, {waiting!n} waiting) and no token produced for {seconds:.0f} s",
-    "idle": "no request running or waiting",
+    "no_progress": "{present!n} requests present ({running!n} running, {waiting!n} waiting) and no token produced for {seconds:.0f} s",
+    "nothing_present": "no request running or waiting",
     "serving": "{running!n} running, none waiting{kv_text}",
     "all_deferred": "all {waiting!n} waiting requests are deferred (LoRA budget, KV transfer), not held by capacity",
     "waiting_few_run": "{waiting!n} requests waiting while only {running!n} run",
@@ -185,7 +185,7 @@ def stalled(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
     if s.throughput.stalled_seconds < th.stall_seconds:
         return None
     running, waiting = _running(s), _waiting(s)
-    fact = ("stalled", {"present": running + waiting, "running": running, "waiting": waiting,
+    fact = ("no_progress", {"present": running + waiting, "running": running, "waiting": waiting,
                         "seconds": s.throughput.stalled_seconds})
     why = "the engine makes no progress although it has work; /health may still say 200"
     return Verdict(Bottleneck.STALLED, [fact], [Recommendation(Action.RESTART_ENGINE, why)])
@@ -196,7 +196,7 @@ def no_queue(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
     if _waiting(s) > 0:
         return None
     if _running(s) <= 0 and not s.queue.running_recent_max and not s.throughput.generation_tokens_per_second:
-        return Verdict(Bottleneck.IDLE, [("idle", {})])
+        return Verdict(Bottleneck.IDLE, [("nothing_present", {})])
     usage = s.kv.usage_ratio
     kv_text = f", KV cache {usage * 100:.0f}% used" if usage is not None else ""
     return Verdict(Bottleneck.NONE, [("serving", {"running": _running(s), "kv_text": kv_text})])

@@ -19,7 +19,8 @@ import math
 import statistics
 from dataclasses import dataclass, field, replace
 
-from kvwatch.diagnose import Diagnosis, Hints, Thresholds, diagnose_engine
+from kvwatch.catalog import Bottleneck, Source, Thresholds
+from kvwatch.diagnose import Diagnosis, Hints, diagnose_engine
 from kvwatch.logs.records import Event, StatsRecord
 from kvwatch.normalize import CacheConfig, EngineSnapshot
 from kvwatch.window import RECENT, EngineHistory, Measured, summarize
@@ -373,7 +374,7 @@ class LogAnalyzer:
         s = d.signals
         waiting = rec.requests_waiting
         busy = rec.prompt_tokens_per_second > 0 or rec.generation_tokens_per_second > 0
-        if d.bottleneck == "kv_cache":
+        if d.bottleneck == Bottleneck.KV_CACHE:
             if s.capacity.capacity_tokens:
                 notes.append(f"KV capacity {_fmt_int(s.capacity.capacity_tokens)} tokens from line {cap_from.line} ({cap_how})")
             else:
@@ -396,10 +397,10 @@ class LogAnalyzer:
             a, b, c3 = rec.kv_fetch
             notes.append(f"KV fetch: {a} waiting to start, {b} in progress, {c3} completed waiting "
                          "(requests waiting on remote KV transfer, not on this engine's limits)")
-        if d.bottleneck in ("kv_cache", "max_num_seqs") and s.capacity.mean_sequence_tokens is None:
+        if d.bottleneck in (Bottleneck.KV_CACHE, Bottleneck.MAX_NUM_SEQS) and s.capacity.mean_sequence_tokens is None:
             notes.append("sequence lengths are not in the log: how many sequences the KV cache holds, and so "
                          "how far max_num_seqs or max_model_len could move, cannot be estimated")
-        if d.bottleneck == "max_num_seqs" and d.max_num_seqs and d.max_num_seqs[1] == "configured":
+        if d.bottleneck == Bottleneck.MAX_NUM_SEQS and d.max_num_seqs and d.max_num_seqs[1] == Source.CONFIGURED:
             src = self.hint_source("max_num_seqs")
             if rec.aggregated_engines:
                 per = d.max_num_seqs[0] // rec.aggregated_engines
@@ -408,14 +409,14 @@ class LogAnalyzer:
                              f"{d.max_num_seqs[0]} in all")
             elif src:
                 notes.append(f"max_num_seqs={d.max_num_seqs[0]} from {src}")
-        if d.bottleneck == "max_num_seqs" and d.max_num_seqs and d.max_num_seqs[1] == "inferred":
+        if d.bottleneck == Bottleneck.MAX_NUM_SEQS and d.max_num_seqs and d.max_num_seqs[1] == Source.INFERRED:
             notes.append("the log shows no --max-num-seqs (no start-up arguments, or it was left at its default): "
                          "inferred from Running; pass --max-num-seqs to confirm")
-        if d.bottleneck == "token_budget" and hints.max_num_batched_tokens:
+        if d.bottleneck == Bottleneck.TOKEN_BUDGET and hints.max_num_batched_tokens:
             src = self.hint_source("max_num_batched_tokens")
             notes.append(f"tokens per step from vLLM's iteration-detail lines; max_num_batched_tokens="
                          f"{hints.max_num_batched_tokens} from {src}")
-        if waiting > 0 and d.bottleneck == "none" and s.throughput.engine_step_tokens is None and (
+        if waiting > 0 and d.bottleneck == Bottleneck.NONE and s.throughput.engine_step_tokens is None and (
             rec.requests_deferred or 0
         ) < waiting:
             budget = hints.max_num_batched_tokens

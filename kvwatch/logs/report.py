@@ -9,7 +9,7 @@ from kvwatch.logs.analyze import LogAnalyzer, RecordResult
 
 __all__ = ["dominant", "render_report", "render_row"]
 
-LIMITS = ("kv_cache", "max_num_seqs", "token_budget", "stalled")
+LIMITS = (Bottleneck.KV_CACHE, Bottleneck.MAX_NUM_SEQS, Bottleneck.TOKEN_BUDGET, Bottleneck.STALLED)
 
 
 def dominant(results: list[RecordResult]) -> str:
@@ -18,9 +18,9 @@ def dominant(results: list[RecordResult]) -> str:
     limits = [b for b in seen if b in LIMITS]
     if limits:
         return max(limits, key=lambda b: (seen[b], Bottleneck(b).severity))
-    if seen.get("none"):
-        return "none"
-    return "idle"
+    if seen.get(Bottleneck.NONE):
+        return Bottleneck.NONE
+    return Bottleneck.IDLE
 
 
 def _pct(x: float | None) -> str:
