@@ -356,6 +356,76 @@ def test_scenario_files_are_validated_with_the_field_named(tmp_path):
         load_scenario("nope")
 
 
+_LORA = {"lora_adapters": ["a"], "lora_fraction": 0.5}
+
+
+@pytest.mark.parametrize("doc, path", [
+    ({"bogus": 1}, "bogus"),
+    ({"name": ""}, "name"),
+    ({"description": 3}, "description"),
+    ({"engines": True}, "engines"),  # a JSON true is not the number 1
+    ({"loop": 1}, "loop"),
+    ({"loop": True, "phases": [{"name": "a"}]}, "loop"),
+    ({"engine": 3}, "engine"),
+    ({"engine": {"block_size": 2.0}}, "engine.block_size"),  # 2.0 is not an integer
+    ({"engine": {"num_gpu_blocks": 1}}, "engine.num_gpu_blocks"),
+    ({"engine": {"gpu_memory_utilization": 0}}, "engine.gpu_memory_utilization"),
+    ({"engine": {"model_name": ""}}, "engine.model_name"),
+    ({"engine": {"enable_prefix_caching": 1}}, "engine.enable_prefix_caching"),
+    ({"engine": {"step_time": {"jitter": -1}}}, "engine.step_time.jitter"),
+    ({"engine": {"step_time": {"jiter": 0}}}, "engine.step_time.jiter"),
+    ({"engine": {"step_time": {"base_s": 0, "per_token_s": 0}}}, "engine.step_time"),
+    ({"workload": {"rate": "fast"}}, "workload.rate"),
+    ({"workload": {"burst": 1.5}}, "workload.burst"),
+    ({"workload": {"max_outstanding": 0}}, "workload.max_outstanding"),
+    ({"workload": {"ignore_eos": "no"}}, "workload.ignore_eos"),
+    ({"workload": {"prompt_tokens": 0}}, "workload.prompt_tokens"),
+    ({"workload": {"prompt_tokens": True}}, "workload.prompt_tokens"),
+    ({"workload": {"prompt_tokens": {"dist": "zipf"}}}, "workload.prompt_tokens"),
+    ({"workload": {"prompt_tokens": {"dist": "fixed", "value": 3, "min": 1}}}, "workload.prompt_tokens.min"),
+    ({"workload": {"output_tokens": {"dist": "uniform", "min": 5}}}, "workload.output_tokens.max"),
+    ({"workload": {"output_tokens": {"dist": "uniform", "min": "1", "max": 5}}}, "workload.output_tokens.min"),
+    ({"workload": {"output_tokens": {"dist": "normal", "mean": 5, "std": 1, "min": 9, "max": 3}}},
+     "workload.output_tokens"),
+    ({"workload": {"output_tokens": {"dist": "lognormal", "mean": 5, "sigma": -1}}}, "workload.output_tokens.sigma"),
+    ({"workload": {"lora_adapters": ["a", ""]}}, "workload.lora_adapters[1]"),
+    ({"workload": {"lora_adapters": ["a", "a"]}}, "workload.lora_adapters"),
+    ({"workload": {"lora_fraction": 0.5}}, "workload.lora_fraction"),
+    ({"workload": {"shared_prefix_fraction": 0.5, "prefix_tokens": 3}}, "workload"),
+    ({"phases": {}}, "phases"),
+    ({"phases": []}, "phases"),
+    ({"phases": [3]}, "phases[0]"),
+    ({"phases": [{"duration_s": True}]}, "phases[0].duration_s"),
+    ({"phases": [{"stalled": "yes"}]}, "phases[0].stalled"),
+    ({"phases": [{"nam": "x"}]}, "phases[0].nam"),
+    ({"phases": [{"name": "a", "duration_s": 5}, {"workload": {"rate": -1}}]}, "phases[1].workload.rate"),
+    ({"phases": [{"engine": {"num_gpu_blocks": 9}}]}, "phases[0].engine.num_gpu_blocks"),
+    ({"phases": [{"engine": {"step_time": {"jitter": "x"}}}]}, "phases[0].engine.step_time.jitter"),
+    ({"workload": _LORA}, "phases[0]"),
+    ({"engine": {"max_loras": 1}, "workload": _LORA,
+      "phases": [{"duration_s": 1}, {"engine": {"max_loras": 0}, "workload": {"lora_fraction": 0}}]}, "engine.max_loras"),
+])
+def test_each_bad_field_is_named_by_its_path_in_one_line(doc, path):
+    with pytest.raises(ScenarioError) as e:
+        parse_scenario(doc)
+    msg = str(e.value)
+    assert msg.startswith(f"{path}: ") and len(msg) > len(path) + 2 and "\n" not in msg, msg
+
+
+def test_phases_override_the_scenario_key_by_key():
+    sc = parse_scenario({
+        "engine": {"step_time": {"jitter": 0.0, "per_seq_s": 0.001}},
+        "workload": {"rate": 2, "prompt_tokens": 400, "shared_prefix_fraction": 0.5},
+        "phases": [{"duration_s": 1, "engine": {"step_time": {"base_s": 0.01}}, "workload": {"prompt_tokens": 1000}},
+                   {"workload": {"shared_prefix_fraction": 0.25, "prompt_tokens": {"dist": "uniform", "min": 100, "max": 300}}}]})
+    first, second = sc.phases
+    assert first.engine.step_time.model_dump() == {"base_s": 0.01, "per_token_s": 0.000061, "per_seq_s": 0.001,
+                                                    "per_context_token_s": 0.0, "jitter": 0.0}
+    # The scenario's fraction made a 200-token prefix; the phase keeps it and replaces the random part.
+    assert (first.workload.rate, first.workload.prefix_tokens, first.workload.prompt_tokens.expected) == (2.0, 200, 1000)
+    assert second.name == "phase1"
+    assert (second.workload.prefix_tokens, second.workload.prompt_tokens.expected) == (50, 150)
+
 def test_tour_visits_every_phase_in_order_and_loops():
     sc = load_scenario("tour")
     sim = Simulator(sc, seed=0)

@@ -189,6 +189,14 @@ def test_cli_bad_setting_exits_2_with_one_line_naming_it(args, named, capsys):
     assert err.count("\n") == 1 and err.startswith("kvwatch sim: error:") and named in err, err
 
 
+def test_cli_bad_scenario_file_exits_2_naming_the_field(tmp_path, capsys):
+    f = tmp_path / "bad.json"
+    f.write_text(json.dumps({"phases": [{"name": "a", "duration_s": 5}, {"workload": {"rate": -1}}]}))
+    assert sim_main(["--scenario-file", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("kvwatch sim: error: phases[1].workload.rate: "), err
+
+
 def test_cli_port_in_use_exits_1(capsys):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -41,7 +41,10 @@ A scenario is a JSON document (the presets live in ``kvwatch/scenarios/*.json``)
       ]
     }
 
-Unknown keys are errors, so a typo in a user's ``--scenario-file`` is reported, not ignored.
+Unknown keys are errors, so a typo in a user's ``--scenario-file`` is reported, not ignored.  The
+pydantic models below are both the validation (strict: ``true`` is not 1, ``4.0`` is not an integer)
+and the objects the simulator runs; a bad document raises :class:`ScenarioError` with one line that
+names the first bad field by its path, e.g. ``phases[2].workload.rate: ...``.
 """
 
 from __future__ import annotations
@@ -49,118 +52,122 @@ from __future__ import annotations
 import copy
 import json
 import math
-from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal, TypeVar, Union
 
-__all__ = [
-    "Dist",
-    "EngineConfig",
-    "Phase",
-    "Scenario",
-    "ScenarioError",
-    "StepTime",
-    "Workload",
-    "list_presets",
-    "load_scenario",
-    "parse_scenario",
-]
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError,
+                      ValidationInfo, field_validator, model_validator)
+
+__all__ = ["Dist", "EngineConfig", "Phase", "Scenario", "ScenarioError", "StepTime", "Workload",
+           "list_presets", "load_scenario", "parse_scenario"]
 
 
 class ScenarioError(ValueError):
     """A scenario file or preset is invalid; the message names the offending field."""
 
 
+class _Model(BaseModel):
+    # strict: a JSON true is not the number 1, 4.0 is not an integer, "3" is not a number.
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
 # --------------------------------------------------------------------------- distributions
 
 
-@dataclass(frozen=True)
-class Dist:
-    """A token-length distribution; ``sample(rng)`` returns an int >= 1."""
-
-    kind: str = "fixed"  # fixed | uniform | normal | lognormal
-    value: float = 1.0  # fixed
-    min: float | None = None
-    max: float | None = None
-    mean: float = 0.0  # normal / lognormal: the mean of the distribution itself
-    std: float = 0.0  # normal
-    sigma: float = 0.0  # lognormal: sigma of the underlying normal
-
-    @property
-    def expected(self) -> float:
-        if self.kind == "fixed":
-            return self.value
-        if self.kind == "uniform":
-            return ((self.min or 1) + (self.max or 1)) / 2.0
-        return self.mean
-
+class _Dist(_Model):
     def sample(self, rng) -> int:
-        k = self.kind
-        if k == "fixed":
-            v = self.value
-        elif k == "uniform":
-            v = rng.uniform(self.min, self.max)  # type: ignore[arg-type]
-        elif k == "normal":
-            v = rng.gauss(self.mean, self.std)
-        else:  # lognormal with the given arithmetic mean
-            mu = math.log(self.mean) - self.sigma * self.sigma / 2.0
-            v = rng.lognormvariate(mu, self.sigma)
-        if self.min is not None and v < self.min:
-            v = self.min
-        if self.max is not None and v > self.max:
-            v = self.max
+        """A token length >= 1, clamped to [min, max] where the distribution has them."""
+        v, lo, hi = self._draw(rng), getattr(self, "min", None), getattr(self, "max", None)
+        v = v if lo is None else max(v, lo)
+        v = v if hi is None else min(v, hi)
         return max(1, int(round(v)))
 
+    def shrink(self, by: int):
+        """The random part of a prompt whose first ``by`` tokens became a shared prefix."""
+        keys = [k for k in ("value", "mean", "min", "max") if getattr(self, k, None) is not None]
+        return self.model_copy(update={k: max(1.0, getattr(self, k) - by) for k in keys})
 
-def _parse_dist(raw: Any, where: str) -> Dist:
-    if isinstance(raw, bool):
-        raise ScenarioError(f"{where}: expected a number or a distribution object")
-    if isinstance(raw, (int, float)):
-        if raw < 1:
-            raise ScenarioError(f"{where}: must be >= 1")
-        return Dist(kind="fixed", value=float(raw))
-    if not isinstance(raw, dict):
-        raise ScenarioError(f"{where}: expected a number or a distribution object")
-    raw = dict(raw)
-    kind = raw.pop("dist", "fixed")
-    allowed = {
-        "fixed": {"value"},
-        "uniform": {"min", "max"},
-        "normal": {"mean", "std", "min", "max"},
-        "lognormal": {"mean", "sigma", "min", "max"},
-    }
-    if kind not in allowed:
-        raise ScenarioError(f"{where}.dist: unknown distribution {kind!r} (fixed, uniform, normal, lognormal)")
-    extra = set(raw) - allowed[kind]
-    if extra:
-        raise ScenarioError(f"{where}: unknown key(s) for {kind}: {', '.join(sorted(extra))}")
-    try:
-        vals = {k: float(v) for k, v in raw.items()}
-    except (TypeError, ValueError):
-        raise ScenarioError(f"{where}: values must be numbers") from None
-    if kind == "fixed":
-        if vals.get("value", 0) < 1:
-            raise ScenarioError(f"{where}.value: must be >= 1")
-    elif kind == "uniform":
-        if "min" not in vals or "max" not in vals or not (1 <= vals["min"] <= vals["max"]):
-            raise ScenarioError(f"{where}: uniform needs 1 <= min <= max")
-    elif kind == "normal":
-        if vals.get("mean", 0) < 1 or vals.get("std", -1) < 0:
-            raise ScenarioError(f"{where}: normal needs mean >= 1 and std >= 0")
-    else:
-        if vals.get("mean", 0) < 1 or vals.get("sigma", -1) < 0:
-            raise ScenarioError(f"{where}: lognormal needs mean >= 1 and sigma >= 0")
-    if "min" in vals and "max" in vals and vals["min"] > vals["max"]:
-        raise ScenarioError(f"{where}: min > max")
-    return Dist(kind=kind, **vals)  # type: ignore[arg-type]
+
+class Fixed(_Dist):
+    dist: Literal["fixed"] = "fixed"
+    value: float = Field(ge=1)
+    expected = property(lambda self: self.value)
+
+    def _draw(self, rng) -> float:
+        return self.value
+
+
+class _Bounded(_Dist):
+    min: float | None = None
+    max: float | None = None
+
+    @model_validator(mode="after")
+    def _ordered(self):
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError("min > max")
+        return self
+
+
+class Uniform(_Bounded):
+    dist: Literal["uniform"] = "uniform"
+    min: float = Field(ge=1)
+    max: float = Field(ge=1)
+    expected = property(lambda self: (self.min + self.max) / 2.0)
+
+    def _draw(self, rng) -> float:
+        return rng.uniform(self.min, self.max)
+
+
+class Normal(_Bounded):
+    dist: Literal["normal"] = "normal"
+    mean: float = Field(ge=1)
+    std: float = Field(ge=0)
+    expected = property(lambda self: self.mean)
+
+    def _draw(self, rng) -> float:
+        return rng.gauss(self.mean, self.std)
+
+
+class Lognormal(_Bounded):
+    dist: Literal["lognormal"] = "lognormal"
+    mean: float = Field(ge=1)  # the mean of the distribution itself
+    sigma: float = Field(ge=0)  # of the underlying normal
+    expected = property(lambda self: self.mean)
+
+    def _draw(self, rng) -> float:
+        return rng.lognormvariate(math.log(self.mean) - self.sigma * self.sigma / 2.0, self.sigma)
+
+
+def _dist_kind(v: Any) -> str | None:
+    """Which branch of :data:`Dist` validates ``v``: its ``dist`` key, ``number`` for a bare number."""
+    if isinstance(v, dict):
+        kind = v.get("dist", "fixed")
+        return kind if isinstance(kind, str) else None
+    if isinstance(v, (int, float)):  # bools too: the number branch rejects them
+        return "number"
+    return getattr(v, "dist", None)  # an already validated distribution
+
+
+# A token-length distribution: a number (fixed) or {"dist": ..., ...}; ``sample(rng)`` is an int >= 1.
+Dist = Annotated[
+    Union[
+        Annotated[Fixed, Tag("fixed")],
+        Annotated[Uniform, Tag("uniform")],
+        Annotated[Normal, Tag("normal")],
+        Annotated[Lognormal, Tag("lognormal")],
+        Annotated[float, Field(ge=1), AfterValidator(lambda v: Fixed(value=v)), Tag("number")],
+    ],
+    Discriminator(_dist_kind, custom_error_type="dist",
+                  custom_error_message="expected a number or a distribution (dist: fixed, uniform, normal, lognormal)"),
+]
+_DIST_FIELDS = ("prompt_tokens", "output_tokens")
 
 
 # --------------------------------------------------------------------------- engine
 
 
-@dataclass(frozen=True)
-class StepTime:
+class StepTime(_Model):
     """Duration of one engine step: ``base + per_token*tokens + per_seq*seqs + per_context_token*ctx``.
 
     ``tokens`` are the tokens scheduled in the step (prefill chunks + one per decode), ``seqs`` the
@@ -170,27 +177,34 @@ class StepTime:
     ~230 steps/s at 10 tokens per step, ~52 steps/s at 256).
     """
 
-    base_s: float = 0.0033
-    per_token_s: float = 0.000061
-    per_seq_s: float = 0.0
-    per_context_token_s: float = 0.0
-    jitter: float = 0.1
+    base_s: float = Field(0.0033, ge=0)
+    per_token_s: float = Field(0.000061, ge=0)
+    per_seq_s: float = Field(0.0, ge=0)
+    per_context_token_s: float = Field(0.0, ge=0)
+    jitter: float = Field(0.1, ge=0)
+
+    @model_validator(mode="after")
+    def _takes_time(self):
+        if self.base_s + self.per_token_s + self.per_seq_s <= 0:
+            raise ValueError("a step must take some time (base_s, per_token_s or per_seq_s > 0)")
+        return self
 
 
-@dataclass(frozen=True)
-class EngineConfig:
-    model_name: str = "tiny-llama-dummy"
-    block_size: int = 32
-    num_gpu_blocks: int = 512
-    max_model_len: int = 4096
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 4096
+class EngineConfig(_Model):
+    model_config = ConfigDict(protected_namespaces=())  # model_name is vLLM's word, not pydantic's
+
+    model_name: str = Field("tiny-llama-dummy", min_length=1)
+    block_size: int = Field(32, ge=1)
+    num_gpu_blocks: int = Field(512, ge=2)
+    max_model_len: int = Field(4096, ge=1)
+    max_num_seqs: int = Field(256, ge=1)
+    max_num_batched_tokens: int = Field(4096, ge=1)
     enable_prefix_caching: bool = True
-    kv_bytes_per_token: int = 4096
-    gpu_memory_utilization: float = 0.92
-    cache_dtype: str = "auto"
-    max_loras: int = 0
-    step_time: StepTime = field(default_factory=StepTime)
+    kv_bytes_per_token: int = Field(4096, ge=1)
+    gpu_memory_utilization: float = Field(0.92, gt=0, le=1)
+    cache_dtype: str = Field("auto", min_length=1)
+    max_loras: int = Field(0, ge=0)
+    step_time: StepTime = StepTime()
 
     @property
     def usable_blocks(self) -> int:
@@ -201,183 +215,95 @@ class EngineConfig:
     def kv_cache_size_tokens(self) -> int:
         return self.num_gpu_blocks * self.block_size
 
-
-_ENGINE_KEYS = {f for f in EngineConfig.__dataclass_fields__}
-_RUNTIME_ENGINE_KEYS = {"max_num_seqs", "max_num_batched_tokens", "max_loras", "step_time"}
-_STEP_KEYS = {f for f in StepTime.__dataclass_fields__}
-
-
-def _parse_step_time(raw: Any, base: StepTime, where: str) -> StepTime:
-    if not isinstance(raw, dict):
-        raise ScenarioError(f"{where}: expected an object")
-    extra = set(raw) - _STEP_KEYS
-    if extra:
-        raise ScenarioError(f"{where}: unknown key(s): {', '.join(sorted(extra))}")
-    vals = {}
-    for k, v in raw.items():
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-            raise ScenarioError(f"{where}.{k}: must be a number >= 0")
-        vals[k] = float(v)
-    st = replace(base, **vals)
-    if st.base_s + st.per_token_s + st.per_seq_s <= 0:
-        raise ScenarioError(f"{where}: a step must take some time (base_s, per_token_s or per_seq_s > 0)")
-    return st
+    @model_validator(mode="after")
+    def _fits(self):
+        if self.max_model_len > self.usable_blocks * self.block_size:
+            raise ValueError(
+                f"max_model_len {self.max_model_len} does not fit in the KV cache "
+                f"({self.usable_blocks} usable blocks x {self.block_size} tokens); vLLM would refuse to start"
+            )
+        return self
 
 
-def _parse_engine(raw: Any, base: EngineConfig, where: str, runtime_only: bool = False) -> EngineConfig:
-    if not isinstance(raw, dict):
-        raise ScenarioError(f"{where}: expected an object")
-    allowed = _RUNTIME_ENGINE_KEYS if runtime_only else _ENGINE_KEYS
-    extra = set(raw) - allowed
-    if extra:
-        hint = " (a phase may only change max_num_seqs, max_num_batched_tokens, max_loras, step_time)" if runtime_only else ""
-        raise ScenarioError(f"{where}: unknown key(s): {', '.join(sorted(extra))}{hint}")
-    vals: dict[str, Any] = {}
-    for k, v in raw.items():
-        if k == "step_time":
-            vals[k] = _parse_step_time(v, base.step_time, f"{where}.step_time")
-        elif k in ("model_name", "cache_dtype"):
-            if not isinstance(v, str) or not v:
-                raise ScenarioError(f"{where}.{k}: must be a non-empty string")
-            vals[k] = v
-        elif k == "enable_prefix_caching":
-            if not isinstance(v, bool):
-                raise ScenarioError(f"{where}.{k}: must be true or false")
-            vals[k] = v
-        elif k == "gpu_memory_utilization":
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1:
-                raise ScenarioError(f"{where}.{k}: must be in (0, 1]")
-            vals[k] = float(v)
-        else:
-            if isinstance(v, bool) or not isinstance(v, int):
-                raise ScenarioError(f"{where}.{k}: must be an integer")
-            minimum = 0 if k == "max_loras" else 1
-            if k == "num_gpu_blocks":
-                minimum = 2
-            if v < minimum:
-                raise ScenarioError(f"{where}.{k}: must be >= {minimum}")
-            vals[k] = v
-    cfg = replace(base, **vals)
-    if cfg.max_model_len > cfg.usable_blocks * cfg.block_size:
-        raise ScenarioError(
-            f"{where}: max_model_len {cfg.max_model_len} does not fit in the KV cache "
-            f"({cfg.usable_blocks} usable blocks x {cfg.block_size} tokens); vLLM would refuse to start"
-        )
-    return cfg
+_RUNTIME_ENGINE_KEYS = ("max_num_seqs", "max_num_batched_tokens", "max_loras", "step_time")
 
 
 # --------------------------------------------------------------------------- workload
 
 
-@dataclass(frozen=True)
-class Workload:
-    rate: float = 0.0
-    burst: int = 0
-    max_outstanding: int | None = None
-    prompt_tokens: Dist = field(default_factory=lambda: Dist(value=256.0))
-    output_tokens: Dist = field(default_factory=lambda: Dist(value=128.0))
+class Workload(_Model):
+    rate: float = Field(0.0, ge=0)
+    burst: int = Field(0, ge=0)
+    max_outstanding: int | None = Field(None, ge=1)
+    prompt_tokens: Dist = Fixed(value=256.0)
+    output_tokens: Dist = Fixed(value=128.0)
     ignore_eos: bool = True
-    n: int = 1
-    prefix_tokens: int = 0
-    prefix_groups: int = 1
-    lora_adapters: tuple[str, ...] = ()
-    lora_fraction: float = 0.0
+    n: int = Field(1, ge=1)
+    prefix_tokens: int = Field(0, ge=0)
+    prefix_groups: int = Field(1, ge=1)
+    lora_adapters: tuple[Annotated[str, Field(min_length=1)], ...] = Field((), strict=False)  # a JSON list
+    lora_fraction: float = Field(0.0, ge=0, le=1)
+    # Only while a layer of the document is validated: _workload turns it into prefix_tokens.
+    shared_prefix_fraction: float | None = Field(None, ge=0, le=1)
 
+    @field_validator("lora_adapters")
+    @classmethod
+    def _distinct(cls, v):
+        if len(set(v)) != len(v):
+            raise ValueError("duplicate adapter names")
+        return v
 
-_WORKLOAD_KEYS = {f for f in Workload.__dataclass_fields__} | {"shared_prefix_fraction"}
-
-
-def _parse_workload(raw: Any, base: Workload, where: str) -> Workload:
-    if not isinstance(raw, dict):
-        raise ScenarioError(f"{where}: expected an object")
-    extra = set(raw) - _WORKLOAD_KEYS
-    if extra:
-        raise ScenarioError(f"{where}: unknown key(s): {', '.join(sorted(extra))}")
-    vals: dict[str, Any] = {}
-    for k, v in raw.items():
-        if k in ("prompt_tokens", "output_tokens"):
-            vals[k] = _parse_dist(v, f"{where}.{k}")
-        elif k in ("rate", "lora_fraction", "shared_prefix_fraction"):
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-                raise ScenarioError(f"{where}.{k}: must be a number >= 0")
-            if k != "rate" and v > 1:
-                raise ScenarioError(f"{where}.{k}: must be between 0 and 1")
-            vals[k] = float(v)
-        elif k == "ignore_eos":
-            if not isinstance(v, bool):
-                raise ScenarioError(f"{where}.{k}: must be true or false")
-            vals[k] = v
-        elif k == "lora_adapters":
-            if not isinstance(v, list) or not all(isinstance(a, str) and a for a in v):
-                raise ScenarioError(f"{where}.{k}: must be a list of adapter names")
-            if len(set(v)) != len(v):
-                raise ScenarioError(f"{where}.{k}: duplicate adapter names")
-            vals[k] = tuple(v)
-        elif k == "max_outstanding":
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-                raise ScenarioError(f"{where}.{k}: must be an integer >= 1 or null")
-            vals[k] = v
-        else:  # burst, n, prefix_tokens, prefix_groups
-            if isinstance(v, bool) or not isinstance(v, int):
-                raise ScenarioError(f"{where}.{k}: must be an integer")
-            minimum = 1 if k in ("n", "prefix_groups") else 0
-            if v < minimum:
-                raise ScenarioError(f"{where}.{k}: must be >= {minimum}")
-            vals[k] = v
-    frac = vals.pop("shared_prefix_fraction", None)
-    wl = replace(base, **vals)
-    if frac is not None:
-        if "prefix_tokens" in raw:
-            raise ScenarioError(f"{where}: give prefix_tokens or shared_prefix_fraction, not both")
-        # A fraction of the (mean) prompt is the shared prefix; the rest stays random.
-        mean_prompt = wl.prompt_tokens.expected
-        pre = int(round(frac * mean_prompt))
-        rest = _shrink_dist(wl.prompt_tokens, pre)
-        wl = replace(wl, prefix_tokens=pre, prompt_tokens=rest)
-    if wl.lora_fraction > 0 and not wl.lora_adapters:
-        raise ScenarioError(f"{where}.lora_fraction: needs lora_adapters")
-    return wl
-
-
-def _shrink_dist(d: Dist, by: int) -> Dist:
-    """The random part of a prompt whose first ``by`` tokens became a shared prefix."""
-
-    def sub(x):
-        return None if x is None else max(1.0, x - by)
-
-    if d.kind == "fixed":
-        return replace(d, value=max(1.0, d.value - by))
-    if d.kind == "uniform":
-        return replace(d, min=sub(d.min), max=sub(d.max))
-    return replace(d, mean=max(1.0, d.mean - by), min=sub(d.min), max=sub(d.max))
+    @field_validator("lora_fraction")
+    @classmethod
+    def _has_adapters(cls, v, info: ValidationInfo):
+        if v > 0 and not info.data.get("lora_adapters"):
+            raise ValueError("needs lora_adapters")
+        return v
 
 
 # --------------------------------------------------------------------------- phases / scenario
 
 
-@dataclass(frozen=True)
-class Phase:
-    name: str
-    duration_s: float | None
+class Phase(_Model):
+    name: str = Field(min_length=1)
+    duration_s: float | None = Field(None, gt=0)
     workload: Workload
     engine: EngineConfig
     stalled: bool = False
     abort_waiting: bool = False
 
+    @model_validator(mode="after")
+    def _lora_fits(self):
+        if self.workload.lora_adapters and self.workload.lora_fraction > 0 and self.engine.max_loras < 1:
+            raise ValueError("the workload uses LoRA adapters but engine.max_loras is 0")
+        return self
 
-@dataclass(frozen=True)
-class Scenario:
-    name: str
-    description: str
-    engines: int
-    engine: EngineConfig
-    phases: tuple[Phase, ...]
+
+class Scenario(_Model):
+    name: str = Field(min_length=1)
+    description: str = ""
+    engines: int = Field(1, ge=1)
     loop: bool = False
+    engine: EngineConfig
+    workload: Workload  # every phase's defaults; each phase holds its own
+    phases: tuple[Phase, ...] = Field(min_length=1, strict=False)  # a JSON list
 
-    def with_engines(self, n: int) -> "Scenario":
+    @model_validator(mode="after")
+    def _phases_fit_together(self):
+        # Checks across phases: pydantic would blame the whole document, so each message names its field.
+        for i, p in enumerate(self.phases[:-1]):
+            if p.duration_s is None:
+                raise ValueError(f"phases[{i}].duration_s: only the last phase may run forever (null)")
+        if any(p.workload.lora_fraction > 0 for p in self.phases) and any(p.engine.max_loras < 1 for p in self.phases):
+            raise ValueError("engine.max_loras: must stay >= 1 in every phase when any phase sends LoRA requests")
+        if self.loop and self.phases[-1].duration_s is None:
+            raise ValueError("loop: every phase needs a duration_s when the scenario loops")
+        return self
+
+    def with_engines(self, n: int) -> Scenario:
         if n < 1:
             raise ScenarioError("engines: must be >= 1")
-        return replace(self, engines=n)
+        return self.model_copy(update={"engines": n})
 
     @property
     def cycle_s(self) -> float | None:
@@ -386,74 +312,79 @@ class Scenario:
         return sum(p.duration_s for p in self.phases)  # type: ignore[misc]
 
 
-_SCENARIO_KEYS = {"name", "description", "engines", "engine", "workload", "phases", "loop"}
-_PHASE_KEYS = {"name", "duration_s", "workload", "engine", "stalled", "abort_waiting"}
+# --------------------------------------------------------------------------- parsing
+
+_M = TypeVar("_M", bound=_Model)
+
+# pydantic's wording where it speaks Python (classes, tuples) to someone editing JSON
+_PLAIN = {"extra_forbidden": "unknown key", "model_type": "expected an object",
+          "tuple_type": "expected a list", "too_short": "must not be empty"}
+
+
+def _check(model: type[_M], data: Any, where: str) -> _M:
+    """``model.model_validate(data)``, or a one-line ScenarioError: the first bad field's path and why."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        err = e.errors(include_url=False)[0]
+        path = where
+        for prev, key in zip((None, *err["loc"]), err["loc"]):
+            if prev in _DIST_FIELDS:
+                continue  # the branch of the Dist union pydantic took, not a key of the document
+            path += f"[{key}]" if isinstance(key, int) else f".{key}"
+        msg = _PLAIN.get(err["type"], err["msg"].removeprefix("Value error, "))
+        raise ScenarioError(f"{path.lstrip('.')}: {msg}" if path else msg) from None
+
+
+def _over(base: _M, raw: Any, where: str) -> _M:
+    """``raw``, one layer of the document, validated over ``base``: the keys it leaves out keep base's values."""
+    return _check(type(base), {**dict(base), **raw} if isinstance(raw, dict) else raw, where)
+
+
+def _engine(base: EngineConfig, raw: Any, where: str, runtime_only: bool = False) -> EngineConfig:
+    if isinstance(raw, dict):
+        frozen = sorted(set(raw) - set(_RUNTIME_ENGINE_KEYS))
+        if runtime_only and frozen:  # the rest are server flags: a restart, not a phase
+            raise ScenarioError(f"{where}.{frozen[0]}: a phase may only change {', '.join(_RUNTIME_ENGINE_KEYS)}")
+        if isinstance(raw.get("step_time"), dict):  # step_time, too, is overridden key by key
+            raw = {**raw, "step_time": {**dict(base.step_time), **raw["step_time"]}}
+    return _over(base, raw, where)
+
+
+def _workload(base: Workload, raw: Any, where: str) -> Workload:
+    wl = _over(base, raw, where)
+    if wl.shared_prefix_fraction is None:
+        return wl
+    if "prefix_tokens" in raw:
+        raise ScenarioError(f"{where}: give prefix_tokens or shared_prefix_fraction, not both")
+    # That share of this layer's mean prompt becomes the shared prefix; the rest stays random.
+    pre = int(round(wl.shared_prefix_fraction * wl.prompt_tokens.expected))
+    return wl.model_copy(update={"prefix_tokens": pre, "prompt_tokens": wl.prompt_tokens.shrink(pre),
+                                 "shared_prefix_fraction": None})
+
+
+def _phase(raw: Any, i: int, engine: EngineConfig, workload: Workload) -> Phase:
+    where = f"phases[{i}]"
+    if isinstance(raw, dict):
+        raw = {"name": f"phase{i}", **raw,
+               "workload": _workload(workload, raw.get("workload", {}), f"{where}.workload"),
+               "engine": _engine(engine, raw.get("engine", {}), f"{where}.engine", runtime_only=True)}
+    return _check(Phase, raw, where)
 
 
 def parse_scenario(doc: Any, default_name: str = "custom") -> Scenario:
     """Build a :class:`Scenario` from a decoded JSON document; raise :class:`ScenarioError`."""
     if not isinstance(doc, dict):
         raise ScenarioError("scenario: expected a JSON object")
-    extra = set(doc) - _SCENARIO_KEYS
-    if extra:
-        raise ScenarioError(f"scenario: unknown key(s): {', '.join(sorted(extra))}")
-    name = doc.get("name", default_name)
-    if not isinstance(name, str) or not name:
-        raise ScenarioError("name: must be a non-empty string")
-    desc = doc.get("description", "")
-    if not isinstance(desc, str):
-        raise ScenarioError("description: must be a string")
-    engines = doc.get("engines", 1)
-    if isinstance(engines, bool) or not isinstance(engines, int) or engines < 1:
-        raise ScenarioError("engines: must be an integer >= 1")
-    loop = doc.get("loop", False)
-    if not isinstance(loop, bool):
-        raise ScenarioError("loop: must be true or false")
-    engine = _parse_engine(doc.get("engine", {}), EngineConfig(), "engine")
-    base_wl = _parse_workload(doc.get("workload", {}), Workload(), "workload")
-    raw_phases = doc.get("phases")
-    if raw_phases is None:
-        raw_phases = [{"name": name}]
-    if not isinstance(raw_phases, list) or not raw_phases:
-        raise ScenarioError("phases: must be a non-empty list")
-    phases = []
-    for i, rp in enumerate(raw_phases):
-        where = f"phases[{i}]"
-        if not isinstance(rp, dict):
-            raise ScenarioError(f"{where}: expected an object")
-        extra = set(rp) - _PHASE_KEYS
-        if extra:
-            raise ScenarioError(f"{where}: unknown key(s): {', '.join(sorted(extra))}")
-        pname = rp.get("name", f"phase{i}")
-        if not isinstance(pname, str) or not pname:
-            raise ScenarioError(f"{where}.name: must be a non-empty string")
-        dur = rp.get("duration_s")
-        if dur is not None and (isinstance(dur, bool) or not isinstance(dur, (int, float)) or dur <= 0):
-            raise ScenarioError(f"{where}.duration_s: must be a number > 0 or null")
-        if dur is None and i != len(raw_phases) - 1:
-            raise ScenarioError(f"{where}.duration_s: only the last phase may run forever (null)")
-        wl = _parse_workload(rp.get("workload", {}), base_wl, f"{where}.workload")
-        eng = _parse_engine(rp.get("engine", {}), engine, f"{where}.engine", runtime_only=True)
-        for flag in ("stalled", "abort_waiting"):
-            if not isinstance(rp.get(flag, False), bool):
-                raise ScenarioError(f"{where}.{flag}: must be true or false")
-        if wl.lora_adapters and wl.lora_fraction > 0 and eng.max_loras < 1:
-            raise ScenarioError(f"{where}: the workload uses LoRA adapters but engine.max_loras is 0")
-        phases.append(
-            Phase(
-                name=pname,
-                duration_s=None if dur is None else float(dur),
-                workload=wl,
-                engine=eng,
-                stalled=rp.get("stalled", False),
-                abort_waiting=rp.get("abort_waiting", False),
-            )
-        )
-    if any(p.workload.lora_fraction > 0 for p in phases) and any(p.engine.max_loras < 1 for p in phases):
-        raise ScenarioError("engine.max_loras: must stay >= 1 in every phase when any phase sends LoRA requests")
-    if loop and phases[-1].duration_s is None:
-        raise ScenarioError("loop: every phase needs a duration_s when the scenario loops")
-    return Scenario(name=name, description=desc, engines=engines, engine=engine, phases=tuple(phases), loop=loop)
+    doc = {"name": default_name, **doc}
+    engine = _engine(EngineConfig(), doc.get("engine", {}), "engine")
+    workload = _workload(Workload(), doc.get("workload", {}), "workload")
+    phases = doc.get("phases")
+    if phases is None:  # one phase named after the scenario (a bad name is reported as name's)
+        phases = [{"name": doc["name"]} if isinstance(doc["name"], str) and doc["name"] else {}]
+    if isinstance(phases, list):
+        phases = [_phase(p, i, engine, workload) for i, p in enumerate(phases)]
+    return _check(Scenario, {**doc, "engine": engine, "workload": workload, "phases": phases}, "")
 
 
 def list_presets() -> list[str]:
