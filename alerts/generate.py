@@ -5,7 +5,8 @@ The one source is ``alerts/kvwatch-rules.yaml`` + ``alerts/kvwatch-alerts.yaml``
 tests). This wraps their groups, unchanged (YAML anchors expanded), in a ``PrometheusRule`` object.
 
     python alerts/generate.py            # (re)write alerts/prometheusrule.yaml
-    python alerts/generate.py --check    # exit 1 if the file on disk differs from what would be generated
+    python alerts/generate.py --check    # exit 1 if the file on disk differs from what would be generated, or
+                                         # the rule files disagree with kvwatch/catalog.py's vocabulary
     python alerts/generate.py --stdout   # print it
 """
 
@@ -13,12 +14,17 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import re
 import sys
 from pathlib import Path
 
 import yaml
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from kvwatch.catalog import Action, Bottleneck, Thresholds  # noqa: E402
+
 SOURCES = ("kvwatch-rules.yaml", "kvwatch-alerts.yaml")  # recording rules first: alerts read them
 OUTPUT = HERE / "prometheusrule.yaml"
 HEADER = (
@@ -50,6 +56,27 @@ def load_groups(sources: tuple[str, ...] = SOURCES) -> list[dict]:
     return groups
 
 
+def vocabulary_problems() -> list[str]:
+    """Where the hand-written rule files and runbooks disagree with ``kvwatch/catalog.py``: every bottleneck
+    they name exists, every limit that binds has its alert, the cost-rank rule lists the actions in the
+    catalogue's order, every action has its runbook fix, and the fleet rules use the default threshold."""
+    text = "".join((HERE / name).read_text() for name in SOURCES)
+    runbooks = (HERE / "runbooks.md").read_text()
+    problems = [f"unknown bottleneck {b!r}" for b in sorted(set(re.findall(r'bottleneck="([a-z_]+)"', text)) - set(Bottleneck))]
+    for b in Bottleneck:
+        if b.severity > Bottleneck.NONE.severity and b is not Bottleneck.UNREACHABLE:  # unreachable: kvwatch_up == 0
+            if f'kvwatch_bottleneck{{bottleneck="{b}"}}' not in text:
+                problems.append(f"no alert on kvwatch_bottleneck{{bottleneck=\"{b}\"}}")
+    ranked = re.findall(r'vector\((\d+)\), "action", "([a-z0-9_]+)"', text)
+    if ranked != [(str(i + 1), str(a)) for i, a in enumerate(Action)]:
+        problems.append(f"kvwatch:recommendation_action:cost_rank lists {ranked}, not the catalogue's actions in order")
+    problems += [f"runbooks.md has no fix '### {a}'" for a in Action if f"### {a}\n" not in runbooks]
+    stall = f"{Thresholds().admission_stall:.2f}"
+    if f">= bool {stall}" not in text:
+        problems.append(f"the fleet rules do not use the default admission-stall threshold {stall}")
+    return problems
+
+
 def render() -> str:
     obj = {
         "apiVersion": "monitoring.coreos.com/v1",
@@ -78,6 +105,11 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(text)
         return 0
     if args.check:
+        problems = vocabulary_problems()
+        for p in problems:
+            sys.stderr.write(f"alerts/ disagrees with kvwatch/catalog.py: {p}\n")
+        if problems:
+            return 1
         current = OUTPUT.read_text() if OUTPUT.exists() else ""
         if current != text:
             sys.stderr.writelines(

@@ -15,6 +15,7 @@ import jsonschema
 import pytest
 import yaml
 
+from kvwatch.catalog import Action, Bottleneck
 from tests.support.prometheus import BinaryMissing, find_binary
 
 REPO = Path(__file__).resolve().parents[1]
@@ -24,9 +25,8 @@ AM_CONFIG = ALERTS / "alertmanager.yml"
 RUNBOOKS = ALERTS / "runbooks.md"
 SCHEMA = REPO / "tests" / "fixtures" / "schemas" / "monitoring.coreos.com_prometheusrules.yaml"
 
-BOTTLENECKS = {"idle", "none", "kv_cache", "max_num_seqs", "token_budget", "stalled", "unreachable"}
-ACTIONS = ["fp8_kv_cache", "enable_prefix_caching", "reduce_max_model_len", "raise_gpu_memory_utilization",
-           "raise_max_num_seqs", "lower_max_num_seqs", "raise_max_num_batched_tokens", "add_replica", "restart_engine"]
+BOTTLENECKS = set(Bottleneck)
+ACTIONS = [str(a) for a in Action]
 REQUIRED_ALERTS = {
     "KvwatchKVCacheAdmissionStall", "KvwatchKVCachePreempting", "KvwatchThroughputGapSustained",
     "KvwatchMaxNumSeqsBinding", "KvwatchTokenBudgetBinding", "KvwatchEngineStalled",
@@ -145,8 +145,8 @@ def test_rules_only_use_exported_metrics():
 
 def test_recommendation_cost_order_matches_readme():
     readme = (REPO / "README.md").read_text()
-    section = readme.split("Recommendation actions:", 1)[1].split("\n\n", 1)[0]
-    assert re.findall(r"`([a-z_0-9]+)`", section) == ACTIONS
+    section = readme.split("<!-- BEGIN catalog:actions -->", 1)[1].split("<!-- END", 1)[0]
+    assert re.findall(r"^\| `([a-z_0-9]+)`", section, re.M) == ACTIONS
     rank = next(r for r in recording_rules() if r["record"] == "kvwatch:recommendation_action:cost_rank")
     assert re.findall(r'vector\((\d+)\), "action", "([a-z0-9_]+)"', rank["expr"]) == [
         (str(i + 1), a) for i, a in enumerate(ACTIONS)
@@ -307,3 +307,20 @@ def test_prometheusrule_validates_against_the_crd():
     doc = yaml.safe_load((ALERTS / "prometheusrule.yaml").read_text())
     jsonschema.Draft7Validator(schema).validate(doc)
     assert doc["kind"] == "PrometheusRule" and doc["apiVersion"] == "monitoring.coreos.com/v1"
+
+
+def test_check_refuses_rules_that_disagree_with_the_catalogue(tmp_path, monkeypatch):
+    import alerts.generate as gen
+
+    assert gen.vocabulary_problems() == []
+    rules = (ALERTS / "kvwatch-rules.yaml").read_text()
+    alerts = (ALERTS / "kvwatch-alerts.yaml").read_text()
+    for name, text in {
+        "kvwatch-rules.yaml": rules.replace('"action", "add_replica"', '"action", "add_replicas"'),
+        "kvwatch-alerts.yaml": alerts.replace('kvwatch_bottleneck{bottleneck="token_budget"}', "vector(0)"),
+    }.items():
+        for f in gen.SOURCES + ("runbooks.md",):
+            (tmp_path / f).write_text((ALERTS / f).read_text())
+        (tmp_path / name).write_text(text)
+        monkeypatch.setattr(gen, "HERE", tmp_path)
+        assert gen.vocabulary_problems(), name
