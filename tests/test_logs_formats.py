@@ -120,7 +120,8 @@ def test_v0_metrics_format_with_period_and_its_prefix_cache_line():
     d = s.results[1].diagnosis
     assert d.bottleneck == "kv_cache"
     assert "3 requests swapped out to CPU for lack of KV blocks" in d.evidence
-    assert "3 requests in CPU swap space (CPU swap 12% used)" in d.evidence
+    assert "3 requests in CPU swap space (CPU swap 12% used)" in s.results[1].notes  # the log's, beside the evidence
+    assert not set(s.results[1].notes) & set(d.evidence)
 
 
 def test_v0_preemptions_come_from_the_warnings_counter_not_their_number():
@@ -132,10 +133,10 @@ def test_v0_preemptions_come_from_the_warnings_counter_not_their_number():
     s = read(lines)
     assert [r.preemptions for r in s.results] == [None, 1, None, 100, 50]
     assert s.results[3].diagnosis.signals.throughput.preemptions_per_second == pytest.approx(20.0)  # 100 in a 5 s interval
-    ev = " ".join(s.results[3].diagnosis.evidence)
-    assert "total_num_cumulative_preemption=101 (line 6)" in ev
-    assert "no preemption warning in this interval" in " ".join(s.results[2].diagnosis.evidence)
-    assert "requests were moved to CPU swap space" in " ".join(s.results[4].diagnosis.evidence)
+    notes = " ".join(s.results[3].notes)
+    assert "total_num_cumulative_preemption=101 (line 6)" in notes
+    assert "no preemption warning in this interval" in " ".join(s.results[2].notes)
+    assert "requests were moved to CPU swap space" in " ".join(s.results[4].notes)
     assert "lower_max_num_seqs" in [x.action for x in s.results[3].diagnosis.recommendations]
 
 
@@ -184,7 +185,7 @@ def test_all_deferred_waiting_is_not_a_capacity_limit():
     d = s.results[0].diagnosis
     assert d.bottleneck == "none"
     assert any("all 4 waiting requests are deferred" in e for e in d.evidence)
-    assert any("KV fetch: 3 waiting to start, 1 in progress, 0 completed waiting" in e for e in d.evidence)
+    assert any("KV fetch: 3 waiting to start, 1 in progress, 0 completed waiting" in e for e in s.results[0].notes)
 
 
 def test_engines_are_separate_series():
@@ -206,7 +207,7 @@ def test_aggregated_engines_compare_running_with_the_sum_of_ceilings():
     d = s.results[0].diagnosis
     assert s.results[0].record.engine == "aggregated"
     assert d.bottleneck == "max_num_seqs" and d.max_num_seqs == (32, "configured")
-    assert any("max_num_seqs=16 per engine" in e for e in d.evidence)
+    assert any("max_num_seqs=16 per engine" in e for e in s.results[0].notes)
 
 
 # ------------------------------------------------------------------------------------------- start-up lines

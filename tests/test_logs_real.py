@@ -67,9 +67,9 @@ def test_kv_cache_run_is_diagnosed_kv_cache_with_the_logs_capacity():
     assert "fp8_kv_cache" in actions  # kv_cache_dtype=auto in the engine config line
     assert "raise_gpu_memory_utilization" in actions  # 'kv_cache_memory_bytes': 8388608 in the start-up arguments
     assert "enable_prefix_caching" not in actions  # enable_prefix_caching=True
-    text = " ".join(first["evidence"])
-    assert "KV capacity 2,048 tokens from line 48" in text
-    assert first["preemptions"] is None and "preemptions unknown" in text  # 0.32's log printed no Preemptions field
+    notes = " ".join(first["notes"])
+    assert "KV capacity 2,048 tokens from line 48" in notes
+    assert first["preemptions"] is None and "preemptions unknown" in notes  # 0.32's log printed no Preemptions field
     assert "2048 -> ~4096 tokens" in " ".join(x["why"] for x in first["recommendations"])
 
 
@@ -90,7 +90,7 @@ def test_max_num_seqs_run_uses_the_logged_flag_else_infers_it(tmp_path):
     recs = records(FIXTURES / "max_num_seqs" / "server.log")
     assert [(r["line"], r["bottleneck"]) for r in recs] == [(160, "max_num_seqs"), (173, "none"), (204, "none")]
     assert recs[0]["max_num_seqs"] == {"value": 2, "source": "configured"}
-    assert "max_num_seqs=2 from line 12, start-up arguments" in recs[0]["evidence"]
+    assert "max_num_seqs=2 from line 12, start-up arguments" in recs[0]["notes"]
     assert recs[0]["recommendations"][0]["action"] == "raise_max_num_seqs"
     assert "32047 tokens free" in " ".join(recs[0]["evidence"])  # 32,768 tokens x (1 - 0.022)
 
@@ -98,10 +98,10 @@ def test_max_num_seqs_run_uses_the_logged_flag_else_infers_it(tmp_path):
     recs = records(bare)
     assert recs[0]["bottleneck"] == "max_num_seqs"
     assert recs[0]["max_num_seqs"] == {"value": 2, "source": "inferred"}
-    assert any("pass --max-num-seqs to confirm" in e for e in recs[0]["evidence"])
+    assert any("pass --max-num-seqs to confirm" in e for e in recs[0]["notes"])
     recs = records(bare, "--max-num-seqs", 2)
     assert recs[0]["max_num_seqs"] == {"value": 2, "source": "configured"}
-    assert "max_num_seqs=2 from the command line" in recs[0]["evidence"]
+    assert "max_num_seqs=2 from the command line" in recs[0]["notes"]
 
 
 def test_none_prefix_cache_run_is_none_with_the_hit_rate():
@@ -119,7 +119,7 @@ def test_token_budget_run_finished_its_queue_between_two_stats_lines(hint, tmp_p
     what the log shows and that the budget is the likely limit of that burst."""
     recs = records(FIXTURES / "token_budget" / "server.log", *hint)
     assert [(r["line"], r["requests_waiting"], r["bottleneck"]) for r in recs] == [(186, 0, "none"), (197, 0, "idle")]
-    note = recs[0]["evidence"][-1]
+    note = recs[0]["notes"][-1]
     assert "10767.6 prompt + 180 generation tokens/s" in note and "does not show in the log" in note
     assert "max_num_batched_tokens=256" in note and "the budget is the likely limit" in note
     source = "the command line" if hint else "line 16, the scheduler's start-up line"
@@ -128,9 +128,9 @@ def test_token_budget_run_finished_its_queue_between_two_stats_lines(hint, tmp_p
     bare = stats_lines_only("token_budget", tmp_path)
     recs = records(bare, *hint)
     assert [r["bottleneck"] for r in recs] == ["none", "idle"]
-    assert "likely limit" not in recs[0]["evidence"][-1]  # the sentence needs max_model_len as well
+    assert "likely limit" not in recs[0]["notes"][-1]  # the sentence needs max_model_len as well
     recs = records(bare, *hint, "--max-model-len", 2048)
-    assert ("likely limit" in recs[0]["evidence"][-1]) == bool(hint)
+    assert ("likely limit" in recs[0]["notes"][-1]) == bool(hint)
 
 
 def test_stdin_dash_reads_a_pipe():

@@ -205,22 +205,48 @@ class _Stop(Exception):
     pass
 
 
+def _unreadable(path: str) -> str | None:
+    """Why ``path`` cannot be read as a log, or None."""
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as e:
+        return f"cannot read {path}: {e.strerror or e}"
+    if os.path.isdir(path):
+        return f"cannot read {path}: is a directory"
+    return None
+
+
+def _feed(session: LogSession, args) -> None:
+    if args.file == "-":
+        _stdin_lines(session, sys.stdin.buffer)
+    elif args.follow:
+        _follow(session, args.file)
+    else:
+        with open(args.file, "rb") as f:
+            for raw, n in _read_lines(f):
+                session.feed(raw, n)
+
+
+def _stop_on_sigterm():
+    """Let SIGTERM end a stream like Ctrl-C does (the report is still printed); the previous handler."""
+    def stop(signum, frame):
+        raise _Stop()
+
+    try:
+        return signal.signal(signal.SIGTERM, stop)
+    except ValueError:  # not the main thread (an embedding caller): Ctrl-C still works
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     hints = Hints(args.max_num_seqs, args.max_num_batched_tokens, args.max_model_len)
     name = "<stdin>" if args.file == "-" else args.file
     streaming = args.file == "-" or args.follow
-
-    if args.file != "-":
-        try:
-            with open(args.file, "rb"):
-                pass
-        except OSError as e:
-            sys.stderr.write(f"kvwatch logs: error: cannot read {args.file}: {e.strerror or e}\n")
-            return 2
-        if os.path.isdir(args.file):
-            sys.stderr.write(f"kvwatch logs: error: cannot read {args.file}: is a directory\n")
-            return 2
+    if args.file != "-" and (why := _unreadable(args.file)):
+        sys.stderr.write(f"kvwatch logs: error: {why}\n")
+        return 2
 
     def on_record(res: RecordResult) -> None:
         if args.json:
@@ -229,25 +255,10 @@ def main(argv: list[str] | None = None) -> int:
             print(render_row(res), flush=True)
 
     session = LogSession(hints, on_record)
-    previous = None
-    if streaming:
-        def stop(signum, frame):
-            raise _Stop()
-
-        try:
-            previous = signal.signal(signal.SIGTERM, stop)
-        except ValueError:  # not the main thread (an embedding caller): Ctrl-C still works
-            previous = None
+    previous = _stop_on_sigterm() if streaming else None
     try:
         try:
-            if args.file == "-":
-                _stdin_lines(session, sys.stdin.buffer)
-            elif args.follow:
-                _follow(session, args.file)
-            else:
-                with open(args.file, "rb") as f:
-                    for raw, n in _read_lines(f):
-                        session.feed(raw, n)
+            _feed(session, args)
         except (KeyboardInterrupt, _Stop):
             pass  # --follow and pipes end here: report what was read
         session.finish()

@@ -123,7 +123,7 @@ class RecordResult:
     interval: float
     t: float
     preemptions: int | None  # in this record's interval, as far as the log tells
-    notes: list[str]  # the log-specific sentences appended to the evidence
+    notes: list[str]  # what the log said that the core does not phrase, and what it could not say
 
     def as_dict(self) -> dict:
         r, d = self.record, self.diagnosis
@@ -145,6 +145,7 @@ class RecordResult:
             "kv_cache_pressure": d.kv_pressure,
             "recommendations": [{"action": x.action, "why": x.why} for x in d.recommendations],
             "evidence": list(d.evidence),
+            "notes": list(self.notes),
             "max_num_seqs": None if d.max_num_seqs is None else {"value": d.max_num_seqs[0], "source": d.max_num_seqs[1]},
             "max_num_batched_tokens": None
             if d.max_num_batched_tokens is None
@@ -286,6 +287,25 @@ class LogAnalyzer:
         if e is None:
             e = self.engines[rec.engine] = self._new_engine(rec.engine)
         e.history.model_name = c.model_name or e.history.model_name
+        t, interval, typical = self._timing(rec, e)
+        e.prompt += rec.prompt_tokens_per_second * interval
+        e.generation += rec.generation_tokens_per_second * interval
+        rank = int(rec.engine) if rec.engine.isdigit() and rec.fmt == "v1" else None
+        cache, cap_from, cap_how = c.cache(rank)
+        e.history.add(t, self._snapshot(rec, e, cache))
+        preemptions = self._preemptions(rec, e)
+        # Up to RECENT records, and none from before an idle gap longer than two intervals.
+        window = (RECENT - 0.5) * max(typical, interval)
+        s = summarize(e.history, t, window_seconds=window, measured=self._measured(rec, e, interval, preemptions))
+        hints = self._hints(rec)
+        d = diagnose_engine(s, hints, self.thresholds)
+        notes = self._notes(rec, d, hints, preemptions, interval, cap_from, cap_how, e)
+        res = RecordResult(rec, d, interval, t, preemptions, notes)
+        self.results.append(res)
+        return res
+
+    def _timing(self, rec: StatsRecord, e: _Engine) -> tuple[float, float, float]:
+        """The record's time, the interval its averages cover, and this engine's typical interval."""
         default = V0_INTERVAL if rec.fmt == "v0" else V1_INTERVAL
         typical = statistics.median(e.gaps) if e.gaps else default
         t = self._time(rec, e, typical)
@@ -298,11 +318,11 @@ class LogAnalyzer:
         else:
             interval = gap if gap and 0 < gap < 1.5 * typical else typical  # V1's, over one timer tick
         e.last_t = t
-        e.prompt += rec.prompt_tokens_per_second * interval
-        e.generation += rec.generation_tokens_per_second * interval
+        return t, interval, typical
 
-        rank = int(rec.engine) if rec.engine.isdigit() and rec.fmt == "v1" else None
-        cache, cap_from, cap_how = c.cache(rank)
+    @staticmethod
+    def _snapshot(rec: StatsRecord, e: _Engine, cache) -> EngineSnapshot:
+        """The record as the core's snapshot: its instants as gauges, its averages summed into counters."""
         gauges = {"requests_running": float(rec.requests_running), "requests_waiting": float(rec.requests_waiting)}
         if rec.kv_cache_usage_ratio is not None:
             gauges["kv_cache_usage_ratio"] = rec.kv_cache_usage_ratio
@@ -310,41 +330,34 @@ class LogAnalyzer:
             gauges["requests_swapped"] = float(rec.requests_swapped)
         if rec.requests_deferred is not None:
             gauges["requests_waiting_deferred"] = float(rec.requests_deferred)
-        snap = EngineSnapshot(
-            e.history.model_name,
-            rec.engine,
-            gauges=gauges,
-            counters={"prompt_tokens": e.prompt, "generation_tokens": e.generation},
-            cache=cache,
-        )
-        e.history.add(t, snap)
-        step_tokens_before = e.step_tokens_at_last
-        steps = e.steps - e.steps_at_last  # iteration-detail lines since the last record of this engine
-        e.steps_at_last, e.step_tokens_at_last = e.steps, e.step_tokens
-        preemptions = None
-        if rec.fmt == "v1" and rec.preemptions is not None:
-            preemptions = rec.preemptions
-        elif rec.fmt == "v0" and self.v0_counter > e.v0_counter_at_last:
-            preemptions = self.v0_counter - e.v0_counter_at_last
+        counters = {"prompt_tokens": e.prompt, "generation_tokens": e.generation}
+        return EngineSnapshot(e.history.model_name, rec.engine, gauges=gauges, counters=counters, cache=cache)
+
+    def _preemptions(self, rec: StatsRecord, e: _Engine) -> int | None:
+        """Preemptions in this record's interval, as far as the log tells (None: unknown)."""
+        if rec.fmt == "v1":
+            return rec.preemptions
+        if rec.fmt == "v0" and self.v0_counter > e.v0_counter_at_last:
+            n = self.v0_counter - e.v0_counter_at_last
             e.v0_counter_at_last = self.v0_counter
-        measured = Measured(  # the record's own 10 s averages, not rates of the history's counters
+            return n
+        return None
+
+    @staticmethod
+    def _measured(rec: StatsRecord, e: _Engine, interval: float, preemptions: int | None) -> Measured:
+        """The record's own 10 s averages (and the iteration-detail lines since this engine's last record),
+        not rates of the history's counters."""
+        steps = e.steps - e.steps_at_last
+        step_tokens = e.step_tokens - e.step_tokens_at_last
+        e.steps_at_last, e.step_tokens_at_last = e.steps, e.step_tokens
+        return Measured(
             prompt_tokens_per_second=rec.prompt_tokens_per_second,
             generation_tokens_per_second=rec.generation_tokens_per_second,
             preemptions_per_second=None if preemptions is None else preemptions / interval,
             prefix_cache_hit_ratio=rec.prefix_cache_hit_ratio,
-            engine_step_tokens=(e.step_tokens - step_tokens_before) / steps if steps > 0 else None,
+            engine_step_tokens=step_tokens / steps if steps > 0 else None,
             steps_per_second=steps / interval if steps > 0 else None,
         )
-        # Up to RECENT records, and none from before an idle gap longer than two intervals.
-        s = summarize(e.history, t, window_seconds=(RECENT - 0.5) * max(typical, interval), measured=measured)
-
-        hints = self._hints(rec)
-        d = diagnose_engine(s, hints, self.thresholds)
-        notes = self._notes(rec, d, hints, preemptions, interval, cap_from, cap_how, e)
-        d.evidence.extend(notes)
-        res = RecordResult(rec, d, interval, t, preemptions, notes)
-        self.results.append(res)
-        return res
 
     def _hints(self, rec: StatsRecord) -> Hints:
         c, cli = self.config, self.cli_hints
@@ -370,29 +383,39 @@ class LogAnalyzer:
 
     def _notes(self, rec, d: Diagnosis, hints: Hints, preemptions, interval, cap_from, cap_how, e) -> list[str]:
         """What the log said that the core does not phrase, and what it could not say."""
+        notes = self._kv_notes(rec, d, preemptions, cap_from, cap_how) if d.bottleneck == Bottleneck.KV_CACHE else []
+        notes += self._limit_notes(rec, d, hints)
+        notes += self._unseen_notes(rec, d, hints, interval)
+        return notes
+
+    def _kv_notes(self, rec, d: Diagnosis, preemptions, cap_from, cap_how) -> list[str]:
+        """Where the KV capacity came from, and what the log says (or not) of preemptions."""
         notes: list[str] = []
         s = d.signals
-        waiting = rec.requests_waiting
-        busy = rec.prompt_tokens_per_second > 0 or rec.generation_tokens_per_second > 0
-        if d.bottleneck == Bottleneck.KV_CACHE:
-            if s.capacity.capacity_tokens:
-                notes.append(f"KV capacity {_fmt_int(s.capacity.capacity_tokens)} tokens from line {cap_from.line} ({cap_how})")
+        if s.capacity.capacity_tokens:
+            notes.append(f"KV capacity {_fmt_int(s.capacity.capacity_tokens)} tokens from line {cap_from.line} ({cap_how})")
+        else:
+            notes.append("KV capacity in tokens unknown: the log has no start-up capacity line "
+                         "(KV cache size / # GPU blocks / Maximum concurrency)")
+        if preemptions is None:
+            if rec.fmt == "v1":
+                notes.append("preemptions unknown for this interval: vLLM V1 prints 'Preemptions: N' only when it "
+                             "counted some, and not every release prints it")
             else:
-                notes.append("KV capacity in tokens unknown: the log has no start-up capacity line "
-                             "(KV cache size / # GPU blocks / Maximum concurrency)")
-            if preemptions is None:
-                if rec.fmt == "v1":
-                    notes.append("preemptions unknown for this interval: vLLM V1 prints 'Preemptions: N' only when it "
-                                 "counted some, and not every release prints it")
-                else:
-                    notes.append("no preemption warning in this interval (vLLM V0 warns only at the 1st, 51st, "
-                                 "101st ... preemption)")
-            if rec.fmt == "v0" and preemptions:
-                notes.append(f"preemptions from vLLM's warning total_num_cumulative_preemption={self.v0_counter} "
-                             f"(line {self.v0_counter_line}); V0 warns at the 1st, 51st, 101st ... preemption, so the "
-                             "count since the previous warning is put in this interval")
-            if rec.fmt == "v0" and self.v0_swap_preemption:
-                notes.append("vLLM warned of preemption by SWAP: requests were moved to CPU swap space")
+                notes.append("no preemption warning in this interval (vLLM V0 warns only at the 1st, 51st, "
+                             "101st ... preemption)")
+        if rec.fmt == "v0" and preemptions:
+            notes.append(f"preemptions from vLLM's warning total_num_cumulative_preemption={self.v0_counter} "
+                         f"(line {self.v0_counter_line}); V0 warns at the 1st, 51st, 101st ... preemption, so the "
+                         "count since the previous warning is put in this interval")
+        if rec.fmt == "v0" and self.v0_swap_preemption:
+            notes.append("vLLM warned of preemption by SWAP: requests were moved to CPU swap space")
+        return notes
+
+    def _limit_notes(self, rec, d: Diagnosis, hints: Hints) -> list[str]:
+        """KV transfer in flight, and where a named limit's value came from."""
+        notes: list[str] = []
+        s = d.signals
         if rec.kv_fetch is not None and any(rec.kv_fetch):
             a, b, c3 = rec.kv_fetch
             notes.append(f"KV fetch: {a} waiting to start, {b} in progress, {c3} completed waiting "
@@ -416,6 +439,14 @@ class LogAnalyzer:
             src = self.hint_source("max_num_batched_tokens")
             notes.append(f"tokens per step from vLLM's iteration-detail lines; max_num_batched_tokens="
                          f"{hints.max_num_batched_tokens} from {src}")
+        return notes
+
+    def _unseen_notes(self, rec, d: Diagnosis, hints: Hints, interval) -> list[str]:
+        """What a 10 s average cannot show: steps, queues inside one interval, V0 swap space."""
+        notes: list[str] = []
+        s = d.signals
+        waiting = rec.requests_waiting
+        busy = rec.prompt_tokens_per_second > 0 or rec.generation_tokens_per_second > 0
         if waiting > 0 and d.bottleneck == Bottleneck.NONE and s.throughput.engine_step_tokens is None and (
             rec.requests_deferred or 0
         ) < waiting:

@@ -83,7 +83,19 @@ def _span_line(span: list[RecordResult]) -> str:
 
 def render_report(name: str, an: LogAnalyzer, skipped: list[int], max_spans: int = 60) -> str:
     results = an.results
-    out = [f"kvwatch logs: {name}"]
+    out = [f"kvwatch logs: {name}", *_header(an, skipped), ""]
+    out.append("Timeline (consecutive records in the same state; throughput is vLLM's interval average, the rest instants):")
+    spans = _spans(results)
+    shown = spans if len(spans) <= max_spans else spans[: max_spans // 2] + [None] + spans[-max_spans // 2 :]
+    out += ["  ..." if span is None else _span_line(span) for span in shown]
+    out += ["", *_dominant_lines(results), "", *_evidence_lines(results), "", "What the log could not tell:"]
+    out += [f"  - {x}" for x in an.limits()]
+    return "\n".join(out)
+
+
+def _header(an: LogAnalyzer, skipped: list[int]) -> list[str]:
+    """The server's start-up, and which records the log holds."""
+    results, out = an.results, []
     if len(an.configs) > 1:
         starts = [str(c.start_line) for c in an.configs if c.start_line is not None]
         shown = ", ".join(starts[:5]) + (f", ... {starts[-1]}" if len(starts) > 5 else "")
@@ -101,15 +113,10 @@ def render_report(name: str, an: LogAnalyzer, skipped: list[int], max_spans: int
            f"(line{'' if len(skipped) == 1 else 's'} {', '.join(map(str, skipped[:10]))}"
            + (" ..." if len(skipped) > 10 else "") + ")" if skipped else "")
     )
+    return out
 
-    out.append("")
-    out.append("Timeline (consecutive records in the same state; throughput is vLLM's interval average, the rest instants):")
-    spans = _spans(results)
-    shown = spans if len(spans) <= max_spans else spans[: max_spans // 2] + [None] + spans[-max_spans // 2 :]
-    for span in shown:
-        out.append("  ..." if span is None else _span_line(span))
 
-    out.append("")
+def _dominant_lines(results: list[RecordResult]) -> list[str]:
     dom = dominant(results)
     seen = Counter(r.diagnosis.bottleneck for r in results)
     waited = [r for r in results if r.record.requests_waiting > 0]
@@ -117,7 +124,8 @@ def render_report(name: str, an: LogAnalyzer, skipped: list[int], max_spans: int
     detail = f"{seen[dom]} of {len(results)} records"
     if waited and dom in LIMITS:
         detail += f"; {waited_dom} of the {len(waited)} records with requests waiting"
-    out.append(f"Dominant bottleneck: {dom} ({detail})")
+    out = [f"Dominant bottleneck: {dom} ({detail})"]
+    engines = sorted({r.record.engine for r in results})
     if len(engines) > 1:
         for eng in engines:
             mine = [r for r in results if r.record.engine == eng]
@@ -125,20 +133,21 @@ def render_report(name: str, an: LogAnalyzer, skipped: list[int], max_spans: int
     others = ", ".join(f"{b} x{n}" for b, n in seen.most_common() if b != dom)
     if others:
         out.append(f"  also seen: {others}")
+    return out
 
+
+def _evidence_lines(results: list[RecordResult]) -> list[str]:
+    """The dominant state's longest queue: the core's evidence, then what the log adds, then the advice."""
+    dom = dominant(results)
     pick = [r for r in results if r.diagnosis.bottleneck == dom] or results
     best = max(pick, key=lambda r: (r.record.requests_waiting, r.record.line))
     rec, d = best.record, best.diagnosis
-    out.append("")
     where = f"line {rec.line}" + (f", {rec.clock}" if rec.clock else "") + f", engine {rec.engine}"
-    out.append(f"Evidence ({where}" + (", the longest queue" if rec.requests_waiting else "") + "):")
-    out += [f"  - {e}" for e in d.evidence]
+    out = [f"Evidence ({where}" + (", the longest queue" if rec.requests_waiting else "") + "):"]
+    out += [f"  - {e}" for e in (*d.evidence, *best.notes)]
     if d.recommendations:
         out.append("Recommendations:")
         out += [f"  - {x.action}: {x.why}" for x in d.recommendations]
     else:
         out.append("Recommendations: none (no limit binds)")
-    out.append("")
-    out.append("What the log could not tell:")
-    out += [f"  - {x}" for x in an.limits()]
-    return "\n".join(out)
+    return out
