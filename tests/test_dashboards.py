@@ -25,11 +25,11 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 GRAFANA = REPO / "grafana"
-sys.path.insert(0, str(GRAFANA))
 
-import generate  # noqa: E402  (grafana/generate.py)
+import grafana  # noqa: E402  (the package grafana/generate.py runs)
+from grafana import common, latency  # noqa: E402
 
-DASHBOARDS = generate.build_all()
+DASHBOARDS = grafana.build_all()
 ALLOWED_PANEL_TYPES = {"timeseries", "stat", "state-timeline", "table"}
 SCOPE_VARIABLES = ("namespace", "pod", "model_name")
 BUILTINS = {"__rate_interval", "__range", "__interval"}
@@ -41,8 +41,8 @@ PARSE_VALUES = {
     "namespace": "serving",
     "pod": "vllm\\\\-0",
     "model_name": "meta\\\\-llama/Llama\\\\-3\\\\.1\\\\-8B",
-    "ttft_slo": generate.TTFT_SLO_DEFAULT,
-    "itl_slo": generate.ITL_SLO_DEFAULT,
+    "ttft_slo": latency.TTFT_SLO_DEFAULT,
+    "itl_slo": latency.ITL_SLO_DEFAULT,
     "__rate_interval": "1m",
     "__range": "1h",
     "__interval": "15s",
@@ -51,14 +51,14 @@ PARSE_VALUES = {
 
 def all_panels():
     for name, dash in DASHBOARDS.items():
-        for panel in generate.iter_panels(dash):
+        for panel in common.iter_panels(dash):
             if panel["type"] != "row":
                 yield name, panel
 
 
 def all_queries():
     for name, dash in DASHBOARDS.items():
-        for panel, target in generate.panel_queries(dash):
+        for panel, target in common.panel_queries(dash):
             yield name, panel, target
 
 
@@ -184,7 +184,7 @@ def test_scope_variables():
             assert m and m.group(2) == var, (name, var, v["query"])
             # the series part of label_values(...) is a PromQL selector over the variables before it
             series = m.group(1)
-            parse(generate.substitute(series, PARSE_VALUES))
+            parse(common.substitute(series, PARSE_VALUES))
             assert v["definition"] == v["query"]
         assert variables["pod"]["query"].find("$namespace") > 0
         assert "$pod" in variables["model_name"]["query"]
@@ -192,10 +192,10 @@ def test_scope_variables():
 
 def test_panel_types_units_descriptions_and_layout():
     for name, dash in DASHBOARDS.items():
-        ids = [p["id"] for p in generate.iter_panels(dash)]
+        ids = [p["id"] for p in common.iter_panels(dash)]
         assert len(ids) == len(set(ids)), name
         cells: set[tuple[int, int]] = set()
-        for panel in generate.iter_panels(dash):
+        for panel in common.iter_panels(dash):
             pos = panel["gridPos"]
             assert 0 <= pos["x"] and pos["x"] + pos["w"] <= 24, (name, panel["title"])
             for x in range(pos["x"], pos["x"] + pos["w"]):
@@ -211,7 +211,7 @@ def test_panel_types_units_descriptions_and_layout():
         assert len(what) > 40, f"{where}: say what the panel shows"
         assert todo.startswith("**If it looks bad:** ") and len(todo) > 60, f"{where}: say what to do"
         # the description names every metric the panel queries
-        for n in generate.metrics_in([t["expr"] for t in panel["targets"]]):
+        for n in common.metrics_in([t["expr"] for t in panel["targets"]]):
             assert f"`{n}`" in metrics, f"{where}: description does not name {n}"
         refids = [t["refId"] for t in panel["targets"]]
         assert len(refids) == len(set(refids)), where
@@ -229,7 +229,7 @@ def test_tables_query_instant_and_everything_else_range():
 @pytest.mark.parametrize("name,panel,target", list(all_queries()), ids=query_ids())
 def test_query_conventions(name, panel, target):
     expr = target["expr"]
-    used = generate.variables_in(expr)
+    used = common.variables_in(expr)
     known = {v["name"] for v in DASHBOARDS[name]["templating"]["list"]} | BUILTINS
     assert used <= known, f"unknown variables {used - known}"
     assert "datasource" not in used
@@ -243,7 +243,7 @@ def test_query_conventions(name, panel, target):
         for m in re.finditer(rf"\b{fn}\((.*?)\[([^\]]*)\]\)", expr):
             assert m.group(2) == "$__rate_interval", expr
     # every selector is scoped by the namespace and pod variables, and by model_name when it has one
-    for vs in selectors(generate.substitute(expr, PARSE_VALUES | {k: f"<{k}>" for k in SCOPE_VARIABLES})):
+    for vs in selectors(common.substitute(expr, PARSE_VALUES | {k: f"<{k}>" for k in SCOPE_VARIABLES})):
         m = matchers_of(vs)
         if vs.name.startswith("kvwatch:"):
             # label-less constants of the rules (SLO threshold / objective): nothing to scope
@@ -263,11 +263,11 @@ def test_query_conventions(name, panel, target):
 
 @pytest.mark.parametrize("name,panel,target", list(all_queries()), ids=query_ids())
 def test_query_parses_after_substitution(name, panel, target):
-    expr = generate.substitute(target["expr"], PARSE_VALUES)
+    expr = common.substitute(target["expr"], PARSE_VALUES)
     assert "$" not in expr
     parse(expr)
     # "All" (".*") must parse as well
-    parse(generate.substitute(target["expr"], PARSE_VALUES | {k: ".*" for k in SCOPE_VARIABLES}))
+    parse(common.substitute(target["expr"], PARSE_VALUES | {k: ".*" for k in SCOPE_VARIABLES}))
 
 
 def test_promtool_accepts_every_query_as_a_rule(tmp_path):
@@ -275,7 +275,7 @@ def test_promtool_accepts_every_query_as_a_rule(tmp_path):
     promtool = shutil.which("promtool")
     assert promtool, "promtool not found; install it with `bash .ci/install-tools.sh`"
     rules = [
-        {"record": f"dashboard:query_{i}:check", "expr": generate.substitute(t["expr"], PARSE_VALUES)}
+        {"record": f"dashboard:query_{i}:check", "expr": common.substitute(t["expr"], PARSE_VALUES)}
         for i, (_, _, t) in enumerate(all_queries())
     ]
     path = tmp_path / "queries.yml"
@@ -336,7 +336,7 @@ def test_every_queried_metric_is_defined():
     recorded = recorded_metrics()
     problems = []
     for name, panel, target in all_queries():
-        for vs in selectors(generate.substitute(target["expr"], PARSE_VALUES)):
+        for vs in selectors(common.substitute(target["expr"], PARSE_VALUES)):
             metric = vs.name
             where = f"{name}: {panel['title']}: {metric}"
             if metric.startswith("kvwatch_"):
@@ -358,10 +358,10 @@ def test_every_queried_metric_is_defined():
 def test_state_codes_follow_kvwatch_vocabulary_and_severity():
     from kvwatch.catalog import Bottleneck, KvPressure
 
-    states = [b for b, _, _ in generate.BOTTLENECKS]
+    states = [b for b, _, _ in common.BOTTLENECKS]
     assert set(states) == set(Bottleneck)
     assert states == sorted(Bottleneck, key=lambda b: b.severity)
-    assert [s for s, _, _ in generate.PRESSURE] == list(KvPressure)
+    assert [s for s, _, _ in common.PRESSURE] == list(KvPressure)
     # the README's vocabulary too
     readme = (REPO / "README.md").read_text()
     for state in states:
