@@ -3,8 +3,9 @@
 The JSON in grafana/dashboards/ and grafana/configmaps.yaml are generated from these modules: edit the
 panels here and run ``python grafana/generate.py``, never the JSON (CI runs ``--check``).
 
-Standard library only (no dashboard SDK): a dashboard is a dict, a panel is a dict, and the helpers in
-:mod:`grafana.common` keep every panel on the same conventions, which tests/test_dashboards*.py check:
+Standard library and kvwatch.catalog only (no dashboard SDK): a dashboard is a dict, a panel is a dict,
+and the helpers in :mod:`grafana.common` keep every panel on the same conventions, which
+tests/test_dashboards*.py check:
 
 - every panel queries the ``datasource`` template variable (``${datasource}``); no ``__inputs`` and no
   ``${DS_PROMETHEUS}``, which break file provisioning;

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from kvwatch.catalog import KvPressure
+
 from grafana.common import (
-    BY_ENGINE, ENGINE, ENGINE_LEGEND, JSON, PREEMPT_THRESHOLD, PRESSURE, STALL_THRESHOLD, TOKENS, Layout, dashboard,
-    dashed_series, kvwatch_variables, query, stat, state_timeline, thresholds, timeseries,
+    BY_ENGINE, ENGINE, ENGINE_LEGEND, JSON, THRESHOLDS, TOKENS, Layout, dashboard, dashed_series, kvwatch_variables,
+    query, stat, state_timeline, thresholds, timeseries,
 )
 
 
@@ -112,13 +114,13 @@ def pressure() -> JSON:
     return state_timeline(
         "KV cache pressure",
         f"kvwatch's KV pressure state per engine: *ok*, *admission stall* (usage above "
-        f"{STALL_THRESHOLD:.0%} by default: new prefills wait) or *preemption risk* (above "
-        f"{PREEMPT_THRESHOLD:.0%}: running requests get evicted).",
+        f"{THRESHOLDS.admission_stall:.0%} by default: new prefills wait) or *preemption risk* (above "
+        f"{THRESHOLDS.preemption_risk:.0%}: running requests get evicted).",
         "Long orange or red stretches under normal traffic mean the engine is undersized for its "
         "load: add KV capacity (FP8 KV cache, more GPU memory) or a replica; short ones at "
         "bursts are expected.",
-        [query(ENGINE.state_code("kvwatch_kv_cache_pressure", "state", PRESSURE, BY_ENGINE), ENGINE_LEGEND)],
-        states=PRESSURE,
+        [query(ENGINE.state_code("kvwatch_kv_cache_pressure", "state", KvPressure, BY_ENGINE), ENGINE_LEGEND)],
+        states=KvPressure,
     )
 
 

@@ -1,11 +1,16 @@
 """What every dashboard shares: PromQL scoped by the dashboard variables, panels, overrides, thresholds,
-state codes, the grid layout, the variables and the dashboard frame."""
+state codes, the grid layout, the variables and the dashboard frame.
+
+Bottlenecks, KV-pressure states, their text and colours and the KV thresholds come from kvwatch.catalog, so
+a new state shows in every dashboard without an edit here."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterator
 from typing import Any
+
+from kvwatch.catalog import Bottleneck, KvPressure, Thresholds
 
 JSON = dict[str, Any]
 
@@ -16,9 +21,8 @@ TAG = "kvwatch"
 GRID_WIDTH = 24
 SCHEMA_VERSION = 39
 
-# kvwatch's defaults for --admission-stall-threshold / --preemption-risk-threshold (README).
-STALL_THRESHOLD = 0.90
-PREEMPT_THRESHOLD = 0.95
+# kvwatch's default thresholds: a deployment may set others by flag, which a dashboard cannot see.
+THRESHOLDS = Thresholds()
 
 # Labels that identify one engine of one scraped kvwatch (join key for the recommendations table).
 ENGINE_KEY = "namespace, pod, job, instance, target, model_name, engine"
@@ -30,24 +34,10 @@ ENGINE_LEGEND = "{{pod}} · {{model_name}} · engine {{engine}}"
 TOKENS = "count:tok"
 TOKENS_PER_S = "count:tok/s"
 
-# State sets exported as one 0/1 series per state are shown as one numeric code per engine: the codes
-# rise with severity (kvwatch's own order, kvwatch/diagnose.py SEVERITY), so ``max`` over several
-# engines is the most severe state.
-BOTTLENECKS: list[tuple[str, str, str]] = [
-    # (state, text, colour)
-    ("idle", "idle", "text"),
-    ("none", "serving, no queue", "green"),
-    ("token_budget", "token budget", "yellow"),
-    ("max_num_seqs", "max_num_seqs", "orange"),
-    ("kv_cache", "KV cache", "red"),
-    ("unreachable", "unreachable", "purple"),
-    ("stalled", "stalled", "dark-red"),
-]
-PRESSURE: list[tuple[str, str, str]] = [
-    ("ok", "ok", "green"),
-    ("admission_stall", "admission stall", "orange"),
-    ("preemption_risk", "preemption risk", "red"),
-]
+# State sets exported as one 0/1 series per state are shown as one numeric code per engine: a state's
+# code is its position in the catalogue's enum, which lists states least severe first (for a Bottleneck
+# it is its .severity), so ``max`` over several engines is the most severe state.
+States = type[Bottleneck] | type[KvPressure]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -79,16 +69,14 @@ class Promql:
     def sum_rate(self, metric: str, *matchers: str, by: str = "") -> str:
         return agg("sum", f"rate({self.sel(metric, *matchers)}[{RATE}])", by)
 
-    def state_code(
-        self, metric: str, label: str, states: list[tuple[str, str, str]], by: str = "", skip: tuple[str, ...] = ()
-    ) -> str:
-        """One value per group: the code (index in ``states``) of the state whose series is 1.
+    def state_code(self, metric: str, label: str, states: States, by: str = "", skip: tuple[str, ...] = ()) -> str:
+        """One value per group: the code (position in ``states``) of the state whose series is 1.
 
         Each state's series is multiplied by its code; as exactly one state is 1 and codes rise with
         severity, the max per group is the active state (the most severe one across several engines).
         """
         parts = []
-        for code, (state, _, _) in enumerate(states):
+        for code, state in enumerate(states):
             if state not in skip:
                 matcher = f'{label}="{state}"'
                 parts.append(f"{self.sel(metric, matcher)} * {code}")
@@ -140,7 +128,11 @@ def thresholds(*steps: tuple[str, float | None]) -> JSON:
 
 
 NEUTRAL = thresholds(("blue", None))
-KV_STEPS = thresholds(("green", None), ("orange", STALL_THRESHOLD), ("red", PREEMPT_THRESHOLD))
+KV_STEPS = thresholds(
+    (KvPressure.OK.colour, None),
+    (KvPressure.ADMISSION_STALL.colour, THRESHOLDS.admission_stall),
+    (KvPressure.PREEMPTION_RISK.colour, THRESHOLDS.preemption_risk),
+)
 ANY_IS_BAD = thresholds(("green", None), ("red", 0.000001))
 WAITING_STEPS = thresholds(("green", None), ("orange", 1))
 SLO_STEPS = thresholds(("red", None), ("orange", 0.9), ("green", 0.99))
@@ -277,15 +269,10 @@ def stat(
     return panel
 
 
-def value_mappings(states: list[tuple[str, str, str]]) -> list[JSON]:
-    return [
-        {
-            "type": "value",
-            "options": {
-                str(code): {"color": color, "index": code, "text": text} for code, (_, text, color) in enumerate(states)
-            },
-        }
-    ]
+def value_mappings(states: States) -> list[JSON]:
+    """Each state's code shown as the state's label, in its colour."""
+    options = {str(code): {"color": s.colour, "index": code, "text": s.label} for code, s in enumerate(states)}
+    return [{"type": "value", "options": options}]
 
 
 def state_timeline(
@@ -294,7 +281,7 @@ def state_timeline(
     todo: str,
     targets: list[JSON],
     *,
-    states: list[tuple[str, str, str]] | None = None,
+    states: States | None = None,
     unit: str = "none",
     steps: JSON | None = None,
     max_value: float | None = None,

@@ -3,10 +3,12 @@ sidecar needed)."""
 
 from __future__ import annotations
 
+from kvwatch.catalog import Bottleneck
+
 from grafana.common import (
-    ANY_IS_BAD, BOTTLENECKS, DASHED, ENGINE, JSON, KV_STEPS, NO_FILL, PREEMPT_THRESHOLD, STALL_THRESHOLD, TOKENS,
-    TOKENS_PER_S, WAITING_STEPS, Layout, agg, dashboard, fixed_color, override, query, scope_variables, stat,
-    state_timeline, throughput_gap_overrides, timeseries,
+    ANY_IS_BAD, DASHED, ENGINE, JSON, KV_STEPS, NO_FILL, THRESHOLDS, TOKENS, TOKENS_PER_S, WAITING_STEPS, Layout,
+    agg, dashboard, fixed_color, override, query, scope_variables, stat, state_timeline, throughput_gap_overrides,
+    timeseries,
 )
 
 
@@ -28,7 +30,7 @@ class Fleet:
 
 
 # The rules' approximation knows no `unreachable` (a pod that cannot be scraped has no vllm:* series).
-FLEET_BOTTLENECKS = [b for b in BOTTLENECKS if b[0] != "unreachable"]
+FLEET_BOTTLENECKS = [b for b in Bottleneck if b is not Bottleneck.UNREACHABLE]
 BY_POD_MODEL = "namespace, pod, model_name"
 POD_MODEL_LEGEND = "{{pod}} · {{model_name}}"
 
@@ -49,11 +51,11 @@ def engine_tiles() -> list[JSON]:
         stat(
             "Engines KV-bound",
             "Engines the fleet rules classify as KV-cache bound over the last minute: a queue while KV "
-            f"usage reached {STALL_THRESHOLD:.0%} or requests were preempted.",
+            f"usage reached {THRESHOLDS.admission_stall:.0%} or requests were preempted.",
             "Some KV-bound while others idle: the load balancer ignores KV pressure; route by queue "
             "length or KV usage. All KV-bound: add replicas or KV capacity (FP8 KV cache, more GPU "
             "memory).",
-            ENGINE.agg("sum", Fleet.bottleneck, 'bottleneck="kv_cache"'),
+            ENGINE.agg("sum", Fleet.bottleneck, f'bottleneck="{Bottleneck.KV_CACHE}"'),
             unit="none",
             steps=ANY_IS_BAD,
         ),
@@ -76,7 +78,7 @@ def kv_tiles() -> list[JSON]:
         stat(
             "Max KV cache usage",
             "KV-cache usage of the fullest selected engine (its maximum over the last minute).",
-            f"Above {STALL_THRESHOLD:.0%} on one pod while the others are low: uneven routing. High "
+            f"Above {THRESHOLDS.admission_stall:.0%} on one pod while the others are low: uneven routing. High "
             "everywhere: add replicas or KV capacity.",
             ENGINE.agg("max", Fleet.kv_usage_max),
             unit="percentunit",
@@ -109,8 +111,8 @@ def kv_heat_map() -> JSON:
     return state_timeline(
         "KV cache usage by pod (heat map)",
         f"One row per pod · model, coloured by its KV-cache usage (maximum over the last minute): "
-        f"green below {STALL_THRESHOLD:.0%}, orange above (admission stall), red above "
-        f"{PREEMPT_THRESHOLD:.0%} (preemption risk).",
+        f"green below {THRESHOLDS.admission_stall:.0%}, orange above (admission stall), red above "
+        f"{THRESHOLDS.preemption_risk:.0%} (preemption risk).",
         "Rows red while others stay green: the load balancer ignores KV pressure; route by queue "
         "length or KV usage. All rows red: the fleet is short of KV capacity; add replicas.",
         [query(ENGINE.agg("max", Fleet.kv_usage_max, by=BY_POD_MODEL), POD_MODEL_LEGEND)],
@@ -131,13 +133,13 @@ def engines_by_bottleneck() -> JSON:
         "with the kvwatch sidecar on one of the pods.",
         [query(ENGINE.agg("sum", Fleet.bottleneck, by="bottleneck"), "{{bottleneck}}")],
         unit="none",
-        overrides=[override(state, fixed_color(color)) for state, _, color in FLEET_BOTTLENECKS],
+        overrides=[override(str(b), fixed_color(b.colour)) for b in FLEET_BOTTLENECKS],
         stepped=True,
     )
 
 
 def bottleneck_by_pod() -> JSON:
-    codes = ENGINE.state_code(Fleet.bottleneck, "bottleneck", BOTTLENECKS, BY_POD_MODEL, skip=("unreachable",))
+    codes = ENGINE.state_code(Fleet.bottleneck, "bottleneck", Bottleneck, BY_POD_MODEL, skip=(Bottleneck.UNREACHABLE,))
     return state_timeline(
         "Bottleneck by pod",
         "The fleet rules' bottleneck per pod · model (the most severe across its engines, in "
@@ -145,7 +147,7 @@ def bottleneck_by_pod() -> JSON:
         "Follow a red (KV cache), orange (max_num_seqs) or yellow (token budget) row to that pod's "
         "kvwatch Overview for the evidence and the recommended change.",
         [query(codes, POD_MODEL_LEGEND)],
-        states=BOTTLENECKS,
+        states=Bottleneck,
     )
 
 

@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
+from kvwatch.catalog import Bottleneck
+
 from grafana.common import (
-    ANY_IS_BAD, BOTTLENECKS, BY_ENGINE, BY_POD, DASHED, ENGINE, ENGINE_KEY, ENGINE_LEGEND, JSON, KV_STEPS, NO_FILL,
-    POD, PREEMPT_THRESHOLD, RANGE, STALL_THRESHOLD, TARGET_KEY, TOKENS, TOKENS_PER_S, WAITING_STEPS, Layout, agg,
-    color_cells, dashboard, dashed_series, fixed_color, kvwatch_variables, override, query, stat, state_timeline,
-    table, thresholds, throughput_gap_overrides, timeseries, value_mappings,
+    ANY_IS_BAD, BY_ENGINE, BY_POD, DASHED, ENGINE, ENGINE_KEY, ENGINE_LEGEND, JSON, KV_STEPS, NO_FILL, POD, RANGE,
+    TARGET_KEY, THRESHOLDS, TOKENS, TOKENS_PER_S, WAITING_STEPS, Layout, agg, color_cells, dashboard, dashed_series,
+    fixed_color, kvwatch_variables, override, query, stat, state_timeline, table, thresholds,
+    throughput_gap_overrides, timeseries, value_mappings,
 )
 
 
 def engine_bottleneck() -> str:
-    return ENGINE.state_code("kvwatch_bottleneck", "bottleneck", BOTTLENECKS, BY_ENGINE)
+    return ENGINE.state_code("kvwatch_bottleneck", "bottleneck", Bottleneck, BY_ENGINE)
 
 
 def target_bottleneck(by: str = BY_POD + ", target") -> str:
-    return POD.state_code("kvwatch_target_bottleneck", "bottleneck", BOTTLENECKS, by)
+    return POD.state_code("kvwatch_target_bottleneck", "bottleneck", Bottleneck, by)
 
 
 def evidence(op: str, metric: str) -> str:
@@ -29,11 +31,10 @@ def evidence(op: str, metric: str) -> str:
 
 
 def worst_bottleneck() -> JSON:
-    unreachable = [state for state, _, _ in BOTTLENECKS].index("unreachable")
     # An unreachable target has no per-engine series: its target-level state joins the engines'.
-    target_unreachable = POD.sel("kvwatch_target_bottleneck", 'bottleneck="unreachable"')
-    worst = agg("max", f"{ENGINE.state_code('kvwatch_bottleneck', 'bottleneck', BOTTLENECKS)} or "
-                       f"{target_unreachable} * {unreachable}")
+    target_unreachable = POD.sel("kvwatch_target_bottleneck", f'bottleneck="{Bottleneck.UNREACHABLE}"')
+    worst = agg("max", f"{ENGINE.state_code('kvwatch_bottleneck', 'bottleneck', Bottleneck)} or "
+                       f"{target_unreachable} * {Bottleneck.UNREACHABLE.severity}")
     return stat(
         "Worst bottleneck now",
         "The most severe limit binding across the selected engines, as kvwatch diagnoses it: "
@@ -47,7 +48,7 @@ def worst_bottleneck() -> JSON:
         "max_num_seqs: raise `--max-num-seqs`. Token budget: raise `--max-num-batched-tokens`.",
         worst,
         unit="none",
-        mappings=value_mappings(BOTTLENECKS),
+        mappings=value_mappings(Bottleneck),
         steps=thresholds(("text", None)),
         no_value="no kvwatch data",
     )
@@ -70,8 +71,8 @@ def requests_waiting() -> JSON:
 def max_kv_usage() -> JSON:
     return stat(
         "Max KV cache usage",
-        f"KV-cache usage of the fullest selected engine. Above {STALL_THRESHOLD:.0%} new prefills "
-        f"stall (admission stall); above {PREEMPT_THRESHOLD:.0%} running requests get preempted "
+        f"KV-cache usage of the fullest selected engine. Above {THRESHOLDS.admission_stall:.0%} new prefills "
+        f"stall (admission stall); above {THRESHOLDS.preemption_risk:.0%} running requests get preempted "
         "(kvwatch's default thresholds).",
         "If it sits in orange or red while requests wait, the KV cache is the bottleneck: "
         "shrink KV per token (`--kv-cache-dtype fp8`), reuse prefixes "
@@ -127,7 +128,7 @@ def bottleneck_timeline() -> JSON:
             query(target_bottleneck(), "{{pod}} · all engines"),
             query(engine_bottleneck(), ENGINE_LEGEND),
         ],
-        states=BOTTLENECKS,
+        states=Bottleneck,
     )
 
 
@@ -168,8 +169,8 @@ def kv_usage() -> JSON:
     return timeseries(
         "KV cache usage",
         f"Share of KV-cache blocks in use per engine. Dashed lines: admission stall at "
-        f"{STALL_THRESHOLD:.0%} (new prefills stop being admitted) and preemption risk at "
-        f"{PREEMPT_THRESHOLD:.0%} (running requests get evicted), kvwatch's default thresholds.",
+        f"{THRESHOLDS.admission_stall:.0%} (new prefills stop being admitted) and preemption risk at "
+        f"{THRESHOLDS.preemption_risk:.0%} (running requests get evicted), kvwatch's default thresholds.",
         "Usage pinned above the first line while requests wait is a KV-cache bound: FP8 KV cache, "
         "prefix caching, a lower `--max-model-len`, more `--gpu-memory-utilization`, or another "
         "replica. If you changed `--admission-stall-threshold` / `--preemption-risk-threshold`, the "

@@ -355,13 +355,25 @@ def test_every_queried_metric_is_defined():
     assert not problems, "\n".join(problems)
 
 
+def state_codes(label: str) -> dict[str, int]:
+    """state -> code, as the queries multiply each state's series by its code (``{bottleneck="kv_cache"} * 4``);
+    every query of every dashboard must agree."""
+    codes: dict[str, int] = {}
+    for name, panel, target in all_queries():
+        for state, code in re.findall(rf'\b{label}="(\w+)"\}} \* (\d+)', target["expr"]):
+            assert codes.setdefault(state, int(code)) == int(code), (name, panel["title"], state)
+    return codes
+
+
 def test_state_codes_follow_kvwatch_vocabulary_and_severity():
     from kvwatch.catalog import Bottleneck, KvPressure
 
-    states = [b for b, _, _ in common.BOTTLENECKS]
+    codes = state_codes("bottleneck")
+    states = sorted(codes, key=codes.__getitem__)
     assert set(states) == set(Bottleneck)
     assert states == sorted(Bottleneck, key=lambda b: b.severity)
-    assert [s for s, _, _ in common.PRESSURE] == list(KvPressure)
+    pressure = state_codes("state")
+    assert sorted(pressure, key=pressure.__getitem__) == list(KvPressure)
     # the README's vocabulary too
     readme = (REPO / "README.md").read_text()
     for state in states:
