@@ -27,11 +27,12 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "grafana")]
+sys.path.insert(0, str(REPO))
 
 from tests.support.prometheus import Kvwatch, Prometheus, wait_for  # noqa: E402
 
-import generate  # noqa: E402  (grafana/generate.py)
+import grafana  # noqa: E402  (the package grafana/generate.py runs)
+from grafana import common  # noqa: E402
 
 pytestmark = [pytest.mark.pipeline, pytest.mark.timeout(900)]
 
@@ -78,7 +79,7 @@ def variable_values(prom: Prometheus, dash: dict) -> dict[str, str]:
         if var["type"] == "query":
             m = re.fullmatch(r"label_values\((.+), (\w+)\)", var["query"])
             assert m, var["query"]
-            series = generate.substitute(m.group(1), values)
+            series = common.substitute(m.group(1), values)
             found = label_values(prom, m.group(2), series)
             assert found, f"variable {var['name']}: {var['query']} returned no values"
             values[var["name"]] = grafana_regex_escape(sorted(found)[0])
@@ -105,10 +106,10 @@ class Panels:
     def __init__(self, prom: Prometheus, start: float):
         self.prom = prom
         self.start = start
-        self.dashboards = generate.build_all()
+        self.dashboards = grafana.build_all()
         self.pending: dict[str, tuple[str, str, dict]] = {}
         for name, dash in self.dashboards.items():
-            for panel, target in generate.panel_queries(dash):
+            for panel, target in common.panel_queries(dash):
                 for selection in self.SELECTIONS:
                     key = f"{dash['title']} › {panel['title']} › {target['refId']} ({selection})"
                     self.pending[key] = (name, selection, target)
@@ -130,7 +131,7 @@ class Panels:
         if selection == "All":
             values |= {var: ".*" for var in SCOPE}
         values |= {"__rate_interval": RATE_INTERVAL, "__range": f"{int(now - self.start) + 1}s"}
-        return generate.substitute(target["expr"], values)
+        return common.substitute(target["expr"], values)
 
     def poll(self) -> bool:
         if not self.resolve_variables():
@@ -230,7 +231,7 @@ def test_every_panel_query_returns_data(stack):
 
 def test_variable_queries_return_the_pod_labels(stack):
     prom = stack.prom
-    for name, dash in generate.build_all().items():
+    for name, dash in grafana.build_all().items():
         values = wait_for(lambda: variable_values(prom, dash), timeout=120, what=f"{name} variables")
         assert values["namespace"] == grafana_regex_escape(POD_LABELS["namespace"])
         assert values["pod"] == grafana_regex_escape(POD_LABELS["pod"])
@@ -240,8 +241,8 @@ def test_variable_queries_return_the_pod_labels(stack):
 def test_recording_rules_referenced_by_the_dashboards_are_loaded(stack):
     """Prometheus itself loaded every recording rule a dashboard reads (from alerts/), without errors."""
     loaded = {r["name"]: r for g in stack.prom.rules() for r in g["rules"] if r["type"] == "recording"}
-    exprs = [t["expr"] for d in generate.build_all().values() for _, t in generate.panel_queries(d)]
-    referenced = {n for n in generate.metrics_in(exprs) if n.count(":") == 2 and not n.startswith("vllm:")}
+    exprs = [t["expr"] for d in grafana.build_all().values() for _, t in common.panel_queries(d)]
+    referenced = {n for n in common.metrics_in(exprs) if n.count(":") == 2 and not n.startswith("vllm:")}
     assert any(n.startswith("engine:vllm_") for n in referenced), "the Fleet dashboard reads the fleet rules"
     assert referenced <= set(loaded), f"not loaded by Prometheus: {sorted(referenced - set(loaded))}"
     unhealthy = {n: loaded[n].get("lastError") for n in referenced if loaded[n].get("health") != "ok"}
@@ -249,9 +250,9 @@ def test_recording_rules_referenced_by_the_dashboards_are_loaded(stack):
 
 
 def range_values(stack: Stack, name: str, target: dict) -> list[float]:
-    dash = generate.build_all()[name]
+    dash = grafana.build_all()[name]
     values = variable_values(stack.prom, dash) | {"__rate_interval": RATE_INTERVAL}
-    result = stack.prom.query_range(generate.substitute(target["expr"], values), stack.start, time.time(), STEP)
+    result = stack.prom.query_range(common.substitute(target["expr"], values), stack.start, time.time(), STEP)
     return [float(v) for series in result for _, v in series["values"]]
 
 
@@ -259,8 +260,8 @@ def test_state_panels_only_show_mapped_states(stack):
     """The numeric state codes the state panels compute are all states their value mappings name, so the
     timelines read as words, never as bare numbers."""
     seen = {}
-    for name, dash in generate.build_all().items():
-        for panel, target in generate.panel_queries(dash):
+    for name, dash in grafana.build_all().items():
+        for panel, target in common.panel_queries(dash):
             mappings = panel["fieldConfig"]["defaults"].get("mappings")
             if not mappings:
                 continue
@@ -279,8 +280,8 @@ def test_state_panels_only_show_mapped_states(stack):
 def test_ratio_panels_stay_within_0_and_1(stack):
     """Panels drawn on a 0-100 % axis (KV usage, hit ratios, SLO attainment, shares of time) get ratios."""
     checked = 0
-    for name, dash in generate.build_all().items():
-        for panel, target in generate.panel_queries(dash):
+    for name, dash in grafana.build_all().items():
+        for panel, target in common.panel_queries(dash):
             defaults = panel["fieldConfig"]["defaults"]
             if defaults.get("unit") != "percentunit" or panel["type"] == "table":
                 continue

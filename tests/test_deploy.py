@@ -1,7 +1,7 @@
 """The Kubernetes manifests in deploy/, rendered with the real ``kubectl kustomize`` and checked offline.
 
 - every overlay (and the two bases that stand alone) renders with plain ``kubectl kustomize DIR`` (no
-  ``--load-restrictor``), and deploy/monitoring/ holds current copies of alerts/ and grafana/ output;
+  ``--load-restrictor``), and deploy/monitoring/ renders alerts/ and grafana/ output by reference, not a copy;
 - every built-in object validates with ``kubernetes-validate --strict`` against Kubernetes 1.29 and the newest
   schema it ships; every PodMonitor / PrometheusRule against the Prometheus Operator CRD's openAPIV3Schema
   (tests/fixtures/schemas), with unknown fields rejected;
@@ -141,44 +141,23 @@ def test_the_example_overlay_and_the_alertmanager_overlay_exist():
     assert {p.name for p in OVERLAYS} >= {"example", "alertmanager"}
 
 
-def test_monitoring_copies_are_current():
-    """deploy/monitoring/ holds verbatim copies of alerts/ and grafana/ output (kustomize cannot read those
-    directories without --load-restrictor LoadRestrictionsNone)."""
-    proc = subprocess.run([sys.executable, str(DEPLOY / "sync.py"), "--check"], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+def test_monitoring_references_alerts_and_grafana():
+    """deploy/monitoring/ lists alerts/ and grafana/ as kustomization directories (kustomize may load those
+    anywhere, while it reads plain files only below its own directory), so it holds no copy that could drift."""
     resources = yaml.safe_load((DEPLOY / "monitoring" / "kustomization.yaml").read_text()).get("resources") or []
-    for source, copy_name in (("alerts/prometheusrule.yaml", "prometheusrule.yaml"),
-                              ("grafana/configmaps.yaml", "grafana-dashboards.yaml")):
-        directory = (REPO / source).parent
-        listed = copy_name in resources or f"../../{directory.name}" in resources
-        assert (REPO / source).is_file() == listed, source
+    for directory in ("alerts", "grafana"):
+        assert (REPO / directory / "kustomization.yaml").is_file(), directory
+        assert f"../../{directory}" in resources, directory
+    assert [p.name for p in (DEPLOY / "monitoring").iterdir()] == ["kustomization.yaml"]
 
 
-def test_sync_copies_or_references_sources(tmp_path):
-    """deploy/sync.py on a scratch tree: a source whose directory has a kustomization is referenced, another
-    is copied; --check semantics (stale) see edits, extra files and missing copies."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("deploy_sync", DEPLOY / "sync.py")
-    sync = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sync)
-    repo, out = tmp_path / "repo", tmp_path / "repo" / "deploy" / "monitoring"
-    (repo / "alerts").mkdir(parents=True)
-    (repo / "grafana").mkdir()
-    (repo / "alerts" / "prometheusrule.yaml").write_text("kind: PrometheusRule\n")
-    (repo / "alerts" / "kustomization.yaml").write_text("resources: [prometheusrule.yaml]\n")
-    (repo / "grafana" / "configmaps.yaml").write_text("kind: ConfigMap\n")
-    assert sync.stale(out, repo) == ["missing  grafana-dashboards.yaml", "missing  kustomization.yaml"]
-    sync.write(out, repo)
-    assert sync.stale(out, repo) == []
-    kust = yaml.safe_load((out / "kustomization.yaml").read_text())
-    assert kust["resources"] == ["../../alerts", "grafana-dashboards.yaml"]
-    assert (out / "grafana-dashboards.yaml").read_text().endswith("kind: ConfigMap\n")
-    (repo / "grafana" / "configmaps.yaml").write_text("kind: ConfigMap\nchanged: 1\n")
-    (out / "stray.yaml").write_text("x")
-    assert sync.stale(out, repo) == ["outdated grafana-dashboards.yaml", "extra    stray.yaml"]
-    sync.write(out, repo)
-    assert sync.stale(out, repo) == [] and not (out / "stray.yaml").exists()
+def test_monitoring_renders_the_generated_rule_and_dashboards():
+    """What deploy/monitoring/ applies is the committed alerts/prometheusrule.yaml and grafana/dashboards/*.json."""
+    docs = render(DEPLOY / "monitoring")
+    assert [d for d in docs if d["kind"] == "PrometheusRule"] == [
+        yaml.safe_load((REPO / "alerts" / "prometheusrule.yaml").read_text())]
+    dashboards = {key: body for d in docs if d["kind"] == "ConfigMap" for key, body in d["data"].items()}
+    assert dashboards == {p.name: p.read_text() for p in (REPO / "grafana" / "dashboards").glob("*.json")}
 
 
 @pytest.mark.parametrize("path", RENDERABLE, ids=_id)
@@ -201,13 +180,12 @@ def test_example_holds_the_whole_stack():
     assert kinds["PodMonitor"] == {"kvwatch", "vllm"}
     if (REPO / "alerts" / "prometheusrule.yaml").is_file():
         assert "PrometheusRule" in kinds
-    if (REPO / "grafana" / "configmaps.yaml").is_file():
-        dashboards = [d for d in render(EXAMPLE) if d["kind"] == "ConfigMap"
-                      and d["metadata"].get("labels", {}).get("grafana_dashboard") == "1"]
-        assert dashboards, "the dashboards ship as ConfigMaps labelled grafana_dashboard=1"
-        for cm in dashboards:
-            # client-side `kubectl apply` keeps a copy in an annotation limited to 256 KiB
-            assert len(yaml.safe_dump(cm)) < 256 * 1024, cm["metadata"]["name"]
+    dashboards = [d for d in render(EXAMPLE) if d["kind"] == "ConfigMap"
+                  and d["metadata"].get("labels", {}).get("grafana_dashboard") == "1"]
+    assert dashboards, "the dashboards ship as ConfigMaps labelled grafana_dashboard=1"
+    for cm in dashboards:
+        # client-side `kubectl apply` keeps a copy in an annotation limited to 256 KiB
+        assert len(yaml.safe_dump(cm)) < 256 * 1024, cm["metadata"]["name"]
 
 
 # -- schemas -----------------------------------------------------------------------------------------------

@@ -291,7 +291,7 @@ def test_dockerignore_admits_what_is_copied_and_nothing_else():
     sent = {f for f in tracked if in_build_context(f)}
     expected = {f for src in copied for f in _context_files(src) if in_build_context(f) and f in tracked}
     assert sent == expected, f"the build context also holds {sorted(sent - expected)[:10]}"
-    for private in (".git/config", ".venv/pyvenv.cfg", "tests/test_dockerfile.py", "deploy/sync.py"):
+    for private in (".git/config", ".venv/pyvenv.cfg", "tests/test_dockerfile.py", "grafana/generate.py"):
         assert not in_build_context(private), private
 
 

@@ -1,0 +1,234 @@
+"""kvwatch / Capacity: how much the KV cache holds and how close it is to full."""
+
+from __future__ import annotations
+
+from kvwatch.catalog import KvPressure
+
+from grafana.common import (
+    BY_ENGINE, ENGINE, ENGINE_LEGEND, JSON, THRESHOLDS, TOKENS, Layout, dashboard, dashed_series, kvwatch_variables,
+    query, stat, state_timeline, thresholds, timeseries,
+)
+
+
+# -- the headline tiles -------------------------------------------------------------------------------
+
+
+def capacity_tile() -> JSON:
+    return stat(
+        "KV cache capacity",
+        "KV-cache size in tokens, summed over the selected engines (vLLM's `kv_cache_size_tokens`, "
+        "else `num_gpu_blocks × block_size`).",
+        "Small against your prompt + output lengths × desired concurrency: use `--kv-cache-dtype "
+        "fp8` (halves KV per token), raise `--gpu-memory-utilization`, shard with more tensor "
+        "parallelism, or add replicas.",
+        ENGINE.agg("sum", "kvwatch_kv_cache_capacity_tokens"),
+        unit=TOKENS,
+    )
+
+
+def free_tile() -> JSON:
+    return stat(
+        "Free KV tokens",
+        "KV-cache tokens not in use right now, summed over the selected engines.",
+        "Near 0 while requests wait: new prefills cannot be admitted until running requests "
+        "finish. See the Overview dashboard's recommendations.",
+        ENGINE.agg("sum", "kvwatch_kv_cache_free_tokens"),
+        unit=TOKENS,
+    )
+
+
+def max_concurrency_tile() -> JSON:
+    return stat(
+        "Estimated max concurrency",
+        "How many requests of the current mean length (prompt + output) the KV cache can hold at "
+        "once, summed over the selected engines.",
+        "Below the concurrency you need: shorter sequences (lower `--max-model-len`), FP8 KV cache, "
+        "prefix caching, more GPU memory or more replicas. `--max-num-seqs` above this number only "
+        "buys preemptions.",
+        ENGINE.agg("sum", "kvwatch_estimated_max_concurrency"),
+        unit="none",
+        decimals=1,
+    )
+
+
+def headroom_tile() -> JSON:
+    return stat(
+        "Min concurrency headroom",
+        "Estimated max concurrency minus the mean running requests, for the tightest selected "
+        "engine. Negative: more requests run than the KV cache holds at the mean length.",
+        "At or below 0 the engine is KV-bound and will queue or preempt on the next burst: add KV "
+        "capacity or a replica before traffic grows.",
+        ENGINE.agg("min", "kvwatch_concurrency_headroom"),
+        unit="none",
+        steps=thresholds(("red", None), ("orange", 0), ("green", 2)),
+        decimals=1,
+    )
+
+
+def sequence_tile() -> JSON:
+    return stat(
+        "Mean sequence tokens",
+        "Mean prompt + generation tokens of the requests that finished in kvwatch's window, across "
+        "the selected engines.",
+        "Much shorter than `--max-model-len`: lowering `--max-model-len` frees nothing by itself in "
+        "vLLM V1, but it bounds the worst case; long sequences dominate KV use, so check prompts "
+        "for waste and consider prefix caching.",
+        ENGINE.agg("avg", "kvwatch_mean_sequence_tokens"),
+        unit=TOKENS,
+    )
+
+
+def prefix_tile() -> JSON:
+    return stat(
+        "Prefix cache hit ratio",
+        "Share of queried prompt tokens served from vLLM's prefix cache over kvwatch's window "
+        "(mean of the selected engines).",
+        "Near 0 with workloads that share system prompts or few-shot examples: enable "
+        "`--enable-prefix-caching` and put the shared part first in the prompt. 0 for unique "
+        "prompts is expected.",
+        ENGINE.agg("avg", "kvwatch_prefix_cache_hit_ratio"),
+        unit="percentunit",
+    )
+
+
+# -- KV cache -------------------------------------------------------------------------------------------
+
+
+def capacity_and_free() -> JSON:
+    return timeseries(
+        "KV cache capacity and free tokens",
+        "Per engine: KV-cache capacity (dashed) and the tokens free right now.",
+        "Free tokens falling to 0 while requests wait is a KV bound; check *Seconds until KV cache "
+        "full* to see it coming. Capacity is fixed per engine config: to raise it use FP8 KV "
+        "cache, more `--gpu-memory-utilization`, or more GPUs.",
+        [
+            query(ENGINE.agg("max", "kvwatch_kv_cache_capacity_tokens", by=BY_ENGINE), "capacity · " + ENGINE_LEGEND),
+            query(ENGINE.agg("max", "kvwatch_kv_cache_free_tokens", by=BY_ENGINE), "free · " + ENGINE_LEGEND),
+        ],
+        unit=TOKENS,
+        overrides=[dashed_series("^capacity.*")],
+    )
+
+
+def pressure() -> JSON:
+    return state_timeline(
+        "KV cache pressure",
+        f"kvwatch's KV pressure state per engine: *ok*, *admission stall* (usage above "
+        f"{THRESHOLDS.admission_stall:.0%} by default: new prefills wait) or *preemption risk* (above "
+        f"{THRESHOLDS.preemption_risk:.0%}: running requests get evicted).",
+        "Long orange or red stretches under normal traffic mean the engine is undersized for its "
+        "load: add KV capacity (FP8 KV cache, more GPU memory) or a replica; short ones at "
+        "bursts are expected.",
+        [query(ENGINE.state_code("kvwatch_kv_cache_pressure", "state", KvPressure, BY_ENGINE), ENGINE_LEGEND)],
+        states=KvPressure,
+    )
+
+
+def seconds_to_full() -> JSON:
+    return timeseries(
+        "Seconds until KV cache full (forecast)",
+        "kvwatch's linear forecast of when KV usage reaches 100 % at its current rate of rise, per "
+        "engine. No line while usage is flat or falling.",
+        "Under a minute while requests keep arriving: expect an admission stall and preemptions "
+        "shortly; shed or reroute load, or scale out now.",
+        [query(ENGINE.agg("min", "kvwatch_kv_cache_seconds_to_full", by=BY_ENGINE), ENGINE_LEGEND)],
+        unit="s",
+        steps=thresholds(("red", None), ("orange", 60), ("green", 300)),
+        threshold_style="dashed",
+    )
+
+
+def prefix_hits() -> JSON:
+    return timeseries(
+        "Prefix cache hit ratio",
+        "Share of queried prompt tokens found in vLLM's prefix cache, per engine, over kvwatch's "
+        "window.",
+        "Low while prompts share long prefixes (system prompt, RAG template): enable "
+        "`--enable-prefix-caching`, keep the shared text at the start of the prompt and identical "
+        "byte for byte, and route a conversation's turns to the same pod.",
+        [query(ENGINE.agg("max", "kvwatch_prefix_cache_hit_ratio", by=BY_ENGINE), ENGINE_LEGEND)],
+        unit="percentunit",
+        max_value=1,
+    )
+
+
+# -- Concurrency ----------------------------------------------------------------------------------------
+
+
+def concurrency_vs_running() -> JSON:
+    return timeseries(
+        "Estimated max concurrency vs running",
+        "Per engine: how many requests of the current mean length fit in the KV cache (dashed), "
+        "against the requests actually running.",
+        "Running at or above the estimate means the batch is KV-bound; a `--max-num-seqs` far "
+        "above the estimate only produces preemptions. To raise the estimate, shrink sequences "
+        "or KV per token, or add memory.",
+        [
+            query(ENGINE.agg("max", "kvwatch_estimated_max_concurrency", by=BY_ENGINE), "estimate · " + ENGINE_LEGEND),
+            query(ENGINE.agg("max", "kvwatch_requests_running", by=BY_ENGINE), "running · " + ENGINE_LEGEND),
+        ],
+        unit="none",
+        overrides=[dashed_series("^estimate.*")],
+    )
+
+
+def headroom() -> JSON:
+    return timeseries(
+        "Concurrency headroom",
+        "Estimated max concurrency minus mean running requests, per engine (dashed line at 0).",
+        "Trending toward 0: the next burst will queue on the KV cache. Below 0: requests are "
+        "already being held back or preempted. Scale out or add KV capacity before it crosses.",
+        [query(ENGINE.agg("min", "kvwatch_concurrency_headroom", by=BY_ENGINE), ENGINE_LEGEND)],
+        unit="none",
+        min_value=None,
+        steps=thresholds(("red", None), ("green", 0)),
+        threshold_style="dashed",
+    )
+
+
+def sequence_tokens() -> JSON:
+    return timeseries(
+        "Mean sequence tokens",
+        "Mean prompt + generation tokens of requests finished in kvwatch's window, per engine. The "
+        "estimated max concurrency is the KV capacity divided by this.",
+        "A jump (longer prompts, a client raising `max_tokens`) cuts concurrency in proportion: "
+        "cap output with `max_tokens`, lower `--max-model-len`, or give the long-context traffic "
+        "its own pool.",
+        [query(ENGINE.agg("max", "kvwatch_mean_sequence_tokens", by=BY_ENGINE), ENGINE_LEGEND)],
+        unit=TOKENS,
+    )
+
+
+def lora_adapters() -> JSON:
+    return timeseries(
+        "LoRA adapters",
+        "LoRA adapters with running and with waiting requests (vLLM's `lora_requests_info`), summed "
+        "over the selected engines. Present only for servers started with `--enable-lora`.",
+        "Adapters waiting while fewer than `--max-loras` run: raise `--max-loras` (each slot costs "
+        "memory, taken from the KV cache). Many distinct adapters in rotation: group traffic by "
+        "adapter across pods.",
+        [query(ENGINE.agg("sum", "kvwatch_lora_adapters", by="state"), "{{state}}")],
+        unit="none",
+    )
+
+
+def build() -> JSON:
+    layout = Layout()
+    tiles = (capacity_tile(), free_tile(), max_concurrency_tile(), headroom_tile(), sequence_tile(), prefix_tile())
+    for panel in tiles:
+        layout.add(panel, 4, 4)
+    layout.row("KV cache")
+    for panel in (capacity_and_free(), pressure(), seconds_to_full(), prefix_hits()):
+        layout.add(panel, 12, 8)
+    layout.row("Concurrency")
+    for panel in (concurrency_vs_running(), headroom(), sequence_tokens(), lora_adapters()):
+        layout.add(panel, 12, 8)
+    return dashboard(
+        "kvwatch-capacity",
+        "kvwatch / Capacity",
+        "How much the KV cache holds and how close it is to full: capacity and free tokens, estimated "
+        "max concurrency and headroom, mean sequence length, the time-to-full forecast, prefix-cache "
+        "hits and LoRA adapters.",
+        layout,
+        kvwatch_variables(),
+    )
