@@ -39,7 +39,7 @@ class Monitor:
     def __init__(self, settings: Settings, clock=time.time):
         self.settings = settings
         self.clock = clock
-        self.targets = {t: Target.from_settings(t, settings) for t in settings.target}
+        self.targets = {url: Target.from_settings(url, settings) for url in settings.target}  # by URL; labels redacted
         self.fetcher: Fetcher | None = None
         self._tasks: list[asyncio.Task] = []
         self.scrapes = 0  # completed scrape attempts, all targets (tests and the demo wait on it)
@@ -86,7 +86,7 @@ class Monitor:
             except asyncio.CancelledError:
                 raise
             except Exception:  # a bug must not end the loop: log it and keep scraping
-                log.exception("unexpected error scraping %s", target)
+                log.exception("unexpected error scraping %s", self.targets[target].target)
             next_tick += interval
             now = loop.time()
             if next_tick < now:  # overran: skip the missed ticks instead of bunching them
@@ -115,10 +115,10 @@ class Monitor:
             state.errors[e.reason] += 1
             state.observe_failure(t, str(e))
             if was_up:
-                log.warning("scrape of %s failed: %s", target, e)
+                log.warning("scrape of %s failed: %s", state.target, e)
         else:
             if not was_up:
-                log.info("scraping %s", target)
+                log.info("scraping %s", state.target)
         state.scrape_duration_seconds = time.perf_counter() - started
         state.diagnosis = state.diagnose(self.clock())
         self.scrapes += 1
@@ -127,7 +127,8 @@ class Monitor:
         docs = []
         for t in self.settings.target:
             d = self.targets[t].diagnosis
-            docs.append(d.as_dict() if d else {"timestamp": None, "target": t, "up": False, "bottleneck": Bottleneck.UNREACHABLE, "engines": []})
+            label = self.targets[t].target
+            docs.append(d.as_dict() if d else {"timestamp": None, "target": label, "up": False, "bottleneck": Bottleneck.UNREACHABLE, "engines": []})
         if len(docs) == 1:
             return docs[0]
         return {"timestamp": self.clock(), "bottleneck": most_severe([d["bottleneck"] for d in docs]), "targets": docs}
@@ -155,7 +156,7 @@ def make_app(monitor: Monitor) -> web.Application:
     app[MONITOR] = monitor
 
     async def landing(_):
-        targets = ", ".join(html.escape(t) for t in monitor.settings.target)
+        targets = ", ".join(html.escape(t.target) for t in monitor.targets.values())
         return web.Response(text=LANDING.format(version=__version__, targets=targets), content_type="text/html")
 
     async def diagnosis(_):
@@ -187,7 +188,8 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     await runner.setup()
     site = web.TCPSite(runner, settings.listen_host, settings.listen_port)
     await site.start()
-    log.info("kvwatch %s listening on %s, watching %s", __version__, settings.listen, ", ".join(settings.target))
+    watching = ", ".join(t.target for t in monitor.targets.values())
+    log.info("kvwatch %s listening on %s, watching %s", __version__, settings.listen, watching)
     try:
         await (stop.wait() if stop else asyncio.Event().wait())
     finally:

@@ -20,6 +20,7 @@ from kvwatch import __version__
 from kvwatch.config import ConfigError, Settings, load_settings
 from kvwatch.catalog import Bottleneck
 from kvwatch.parse import ParseError
+from kvwatch.redact import SecretFilter, url_secrets
 from kvwatch.state import NoVllmMetrics, Target, TargetDiagnosis
 
 SUBCOMMANDS = ("run", "diagnose", "record", "sim", "demo", "logs")
@@ -90,10 +91,23 @@ def _settings(args: argparse.Namespace, **extra) -> Settings:
     return load_settings(**given)
 
 
-def _setup_logging(level: str) -> None:
+def _token(settings: Settings) -> list[str]:
+    """The bearer token as it is at start (it is re-read per scrape: a rotated one is never logged either,
+    since nothing logs headers)."""
+    try:
+        return [settings.bearer_token_file.read_text().strip()] if settings.bearer_token_file else []
+    except OSError:
+        return []
+
+
+def _setup_logging(settings: Settings) -> None:
     logging.basicConfig(
-        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
+    # Whoever logs (us, httpx, aiohttp, asyncio), no target credential or bearer token is written.
+    secrets = [s for url in settings.target for s in url_secrets(url)] + _token(settings)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(SecretFilter(secrets))
     # httpx logs every request at INFO: one line per scrape per target is noise, not news.
     logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
 
@@ -204,7 +218,7 @@ async def _diagnose_live(args, settings: Settings) -> int:
         await monitor.stop()
     final = status.diagnosis
     if final is None:
-        print(f"{settings.target[0]}: no scrape completed in {args.duration:g}s", file=sys.stderr)
+        print(f"{status.target}: no scrape completed in {args.duration:g}s", file=sys.stderr)
         return 1
     if not args.timeline:
         _print_result(final, hist, args.json)
@@ -277,25 +291,25 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "run":
             settings = _settings(args)
-            _setup_logging(settings.log_level)
+            _setup_logging(settings)
             return asyncio.run(_run(settings))
         if args.command == "diagnose":
             if args.replay is not None:
                 settings = _settings(args)
-                _setup_logging(settings.log_level)
+                _setup_logging(settings)
                 return _replay(args, settings)
             if not args.url:
                 raise ConfigError("invalid setting: diagnose needs a URL or --replay DIR")
             if args.duration <= 0:
                 raise ConfigError("invalid setting --duration: must be > 0")
             settings = _settings(args, target=[args.url])
-            _setup_logging(settings.log_level)
+            _setup_logging(settings)
             return asyncio.run(_diagnose_live(args, settings))
         if args.command == "record":
             if args.duration <= 0:
                 raise ConfigError("invalid setting --duration: must be > 0")
             settings = _settings(args, target=[args.url])
-            _setup_logging(settings.log_level)
+            _setup_logging(settings)
             return asyncio.run(_record(args, settings))
     except ConfigError as e:
         print(f"kvwatch: error: {e}", file=sys.stderr)

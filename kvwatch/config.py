@@ -15,6 +15,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from kvwatch.catalog import Thresholds
 from kvwatch.diagnose import Hints
+from kvwatch.redact import redact_url
 
 __all__ = ["ConfigError", "DEFAULT_LISTEN", "DEFAULT_PORT", "Settings", "load_settings"]
 
@@ -64,9 +65,11 @@ class Settings(BaseSettings):
         for url in v:
             parts = urlsplit(url)
             if parts.scheme not in ("http", "https") or not parts.netloc:
-                raise ValueError(f"{url!r} is not an http(s) URL (e.g. http://127.0.0.1:8000/metrics)")
+                raise ValueError(f"{redact_url(url)!r} is not an http(s) URL (e.g. http://127.0.0.1:8000/metrics)")
         if len(set(v)) != len(v):
             raise ValueError("the same target is listed twice")
+        if len({redact_url(u) for u in v}) != len(v):
+            raise ValueError("two targets differ only in their credentials (their redacted labels would be equal)")
         return v
 
     @field_validator("listen")
@@ -97,6 +100,9 @@ class Settings(BaseSettings):
             raise ValueError(f"--timeout ({self.timeout:g}) must be shorter than --interval ({self.interval:g})")
         if self.preemption_risk_threshold < self.admission_stall_threshold:
             raise ValueError("--preemption-risk-threshold must be >= --admission-stall-threshold")
+        if self.bearer_token_file is not None and any("@" in urlsplit(u).netloc for u in self.target):
+            raise ValueError("a target with user:password@ uses basic auth, which --bearer-token-file would "
+                             "override: give one of the two (as Prometheus does)")
         if self.window < 2 * self.interval:
             raise ValueError(f"--window ({self.window:g}) must cover at least two --interval ({self.interval:g})")
         return self

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import httpx
 
+from kvwatch.redact import scrub, url_secrets
+
 __all__ = ["Fetcher", "ScrapeError", "REASONS"]
 
 REASONS = ("connect", "timeout", "http_status", "too_large", "decode", "parse", "no_vllm_metrics")
@@ -111,8 +113,9 @@ class Fetcher:
             raise ScrapeError("timeout", f"no complete response within {self.cfg.timeout:g}s") from None
         except httpx.HTTPError as e:
             self._discard(url)  # a transport failure: nothing in this pool is worth keeping
-            # Exception text may carry the URL but never our headers.
-            raise ScrapeError("connect", type(e).__name__ + (f": {e}" if str(e) else "")) from None
+            # Exception text may carry the URL (never our headers): its credentials go.
+            text = scrub(str(e), url_secrets(url))
+            raise ScrapeError("connect", type(e).__name__ + (f": {text}" if text else "")) from None
 
     async def _fetch(self, url: str) -> str:
         cap = self.cfg.max_body_bytes

@@ -15,6 +15,7 @@ from kvwatch.catalog import Bottleneck, Thresholds, most_severe
 from kvwatch.diagnose import Diagnosis, Hints, diagnose_engine
 from kvwatch.normalize import keep_family, normalize
 from kvwatch.parse import parse
+from kvwatch.redact import redact_url
 from kvwatch.scrape import REASONS
 from kvwatch.window import EngineHistory, summarize
 
@@ -63,7 +64,8 @@ class Target:
         hints: Hints = Hints(),
         thresholds: Thresholds = Thresholds(),
     ):
-        self.target = target
+        self.target = target  # the label: never holds a credential (from_settings redacts it)
+        self.url = target  # what is fetched
         self.window_seconds = window_seconds
         self.stale_after_seconds = stale_after_seconds
         self.max_engines = max_engines
@@ -80,15 +82,18 @@ class Target:
         self.diagnosis: TargetDiagnosis | None = None
 
     @classmethod
-    def from_settings(cls, target: str, settings: Settings) -> Target:
-        return cls(
-            target,
+    def from_settings(cls, url: str, settings: Settings) -> Target:
+        """The target scraped at ``url``, labelled by its redacted form (kvwatch.redact)."""
+        t = cls(
+            redact_url(url),
             window_seconds=settings.window,
             stale_after_seconds=settings.stale_after,
             max_engines=settings.max_engines,
             hints=settings.hints,
             thresholds=settings.thresholds,
         )
+        t.url = url
+        return t
 
     def observe_body(self, t: float, body: str) -> None:
         """Parse and record one scrape body. Raises ParseError / NoVllmMetrics (the scrape failed)."""

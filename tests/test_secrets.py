@@ -1,0 +1,155 @@
+"""Secrets never leave: a target's credentials (userinfo, credential-like query parameters), the bearer token
+and the environment that carries them appear in no label, page, API document, log line or command output."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+
+import httpx
+import pytest
+
+from kvwatch.config import ConfigError, load_settings
+from kvwatch.redact import REDACTED, SecretFilter, redact_url, scrub, url_secrets
+from tests.upstream import Upstream, free_port
+
+PASSWORD, QUERY_TOKEN, BEARER = "hunter2-pw", "s3cr3t-query", "tok-bearer-XYZ"
+
+
+@pytest.mark.parametrize("url, shown", [
+    ("http://user:pw@h:8000/metrics", "http://<secret>@h:8000/metrics"),
+    ("http://TOKEN@h/metrics", "http://<secret>@h/metrics"),
+    ("https://h/metrics?token=abc&x=1", "https://h/metrics?token=<secret>&x=1"),
+    ("https://h/m?Api_Key=abc&SIGNATURE=z&auth=&keep=key", "https://h/m?Api_Key=<secret>&SIGNATURE=<secret>&auth=<secret>&keep=key"),
+    ("http://h:1/metrics", "http://h:1/metrics"),
+    ("http://h/m?passwd=a%20b#frag", "http://h/m?passwd=<secret>#frag"),
+])
+def test_redacted_form_is_documented_and_stable(url, shown):
+    assert redact_url(url) == shown == redact_url(url)
+
+
+def test_secrets_of_a_url_and_scrubbing():
+    url = "http://bob:p%40ss@h/m?token=abc%2F&x=1"
+    secrets = url_secrets(url)
+    assert {"p%40ss", "p@ss", "abc%2F", "abc/"} <= set(secrets) and "bob" not in secrets
+    assert scrub("GET http://bob:p%40ss@h/m?token=abc%2F failed (p@ss)", secrets).count(REDACTED) == 3
+
+
+def test_targets_that_differ_only_in_credentials_are_refused():
+    with pytest.raises(ConfigError, match="differ only in their credentials"):
+        load_settings(target=["http://a:1@h/metrics", "http://a:2@h/metrics"])
+    with pytest.raises(ConfigError) as e:
+        load_settings(target=[f"ftp://u:{PASSWORD}@h/metrics"])
+    assert PASSWORD not in str(e.value)
+
+
+def test_the_log_filter_scrubs_other_libraries_records(caplog):
+    record = logging.LogRecord("httpx", logging.INFO, __file__, 1, "HTTP Request: GET %s", (f"http://u:{PASSWORD}@h/",), None)
+    SecretFilter([PASSWORD]).filter(record)
+    assert PASSWORD not in record.getMessage() and REDACTED in record.getMessage()
+
+
+async def _get(client: httpx.AsyncClient, url: str) -> str:
+    try:
+        return (await client.get(url, timeout=5)).text
+    except httpx.HTTPError as e:
+        return f"<{type(e).__name__}>"
+
+
+async def _wait(pred, what: str, timeout: float = 60.0):
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while loop.time() < end:
+        if await pred():
+            return
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.mark.timeout(180)
+async def test_no_secret_in_any_output_through_success_failure_and_reconnect(tmp_path):
+    token_file = tmp_path / "token"
+    token_file.write_text(BEARER + "\n")
+    async with Upstream() as up:
+        up.serve_dir("kv_cache")
+        # userinfo is basic auth, which a bearer token cannot go with: the query and the token file here,
+        # userinfo in the diagnose/record test below
+        target = f"http://127.0.0.1:{up.port}/metrics?token={QUERY_TOKEN}&x=1"
+        label = f"http://127.0.0.1:{up.port}/metrics?token=<secret>&x=1"
+        port = free_port()
+        env = {**os.environ, "KVWATCH_TARGET": target, "KVWATCH_BEARER_TOKEN_FILE": str(token_file),
+               "KVWATCH_LOG_LEVEL": "debug", "KVWATCH_LISTEN": f"127.0.0.1:{port}", "KVWATCH_INTERVAL": "0.5"}
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "kvwatch", "run", env=env,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True)
+        pages: list[str] = []
+        base = f"http://127.0.0.1:{port}"
+        try:
+            async with httpx.AsyncClient() as c:
+                async def metrics_say(text):
+                    body = await _get(c, base + "/metrics")
+                    pages.append(body)
+                    return text in body
+
+                await _wait(lambda: metrics_say(f'kvwatch_up{{target="{label}"}} 1.0'), "a good scrape")
+                up.mode = "status"  # HTTP 500
+                await _wait(lambda: metrics_say(f'kvwatch_scrape_errors_total{{reason="http_status",target="{label}"}} 1.0'),
+                            "an HTTP error")
+                await up.stop()  # connection refused
+                await _wait(lambda: metrics_say(f'kvwatch_up{{target="{label}"}} 0.0'), "the target down")
+                await asyncio.sleep(1.5)
+                up.mode = "ok"
+                await up.start()
+                await _wait(lambda: metrics_say(f'kvwatch_up{{target="{label}"}} 1.0'), "the reconnect")
+                for path in ("/", "/api/v1/diagnosis", "/metrics"):
+                    pages.append(await _get(c, base + path))
+        finally:
+            proc.terminate()
+            out, err = await asyncio.wait_for(proc.communicate(), 30)
+    log = err.decode() + out.decode()
+    assert len(up.auth_headers) >= 3 and all(h == f"Bearer {BEARER}" for h in up.auth_headers)  # the token was sent
+    assert f"scraping {label}" in log and f"scrape of {label} failed" in log  # the log names the target...
+    assert "DEBUG" in log  # ...at debug level, with the libraries' records too
+    for secret in (PASSWORD, QUERY_TOKEN, BEARER):
+        assert secret not in log, f"{secret} in the log"
+        for page in pages:
+            assert secret not in page, f"{secret} in {page[:200]}"
+    assert any(label in p for p in pages[-3:-1])  # the landing page and the JSON name the redacted target
+
+
+@pytest.mark.timeout(120)
+async def test_no_secret_in_diagnose_and_record_output(tmp_path):
+    async with Upstream() as up:
+        up.serve_dir("kv_cache")
+        target = f"http://kv:{PASSWORD}@127.0.0.1:{up.port}/metrics?api_key={QUERY_TOKEN}"
+        outputs = []
+        for args in (["diagnose", target, "--duration", "3", "--json", "--interval", "0.5"],
+                     ["diagnose", target, "--duration", "2", "--interval", "0.5"],
+                     ["record", target, "--out", str(tmp_path / "rec"), "--duration", "2", "--interval", "0.5"]):
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "kvwatch", *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                env={**os.environ, "KVWATCH_LOG_LEVEL": "debug"})
+            out, err = await asyncio.wait_for(proc.communicate(), 60)
+            outputs.append((args[0], proc.returncode, out.decode() + err.decode()))
+        await up.stop()
+        proc = await asyncio.create_subprocess_exec(  # and the failure path: nothing to scrape
+            sys.executable, "-m", "kvwatch", "diagnose", target, "--duration", "2", "--interval", "0.5",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+        outputs.append(("diagnose (down)", proc.returncode, out.decode() + err.decode()))
+    assert [rc for _, rc, _ in outputs[:3]] == [0, 0, 0] and outputs[3][1] == 1, outputs
+    assert f"http://<secret>@127.0.0.1:{up.port}/metrics?api_key=<secret>" in outputs[0][2]
+    for name, _, text in outputs:
+        assert PASSWORD not in text and QUERY_TOKEN not in text, f"{name}: {text[:300]}"
+    assert len(list((tmp_path / "rec").glob("*.prom"))) >= 2
+    assert up.auth_headers and all(h.startswith("Basic ") for h in up.auth_headers)  # userinfo is basic auth
+
+
+def test_userinfo_and_a_bearer_token_are_refused_together(tmp_path):
+    token = tmp_path / "t"
+    token.write_text(BEARER)
+    with pytest.raises(ConfigError, match="basic auth") as e:
+        load_settings(target=[f"http://u:{PASSWORD}@h/metrics"], bearer_token_file=str(token))
+    assert PASSWORD not in str(e.value)
