@@ -174,9 +174,31 @@ def normalize(families: dict[str, Family], max_engines: int = 64) -> dict[tuple[
     misbehaving upstream cannot blow up our own series count.
     """
     fams = {(n.replace(_RAY, "vllm:", 1) if n.startswith(_RAY) else n): f for n, f in families.items()}
+    snap, out = _engine_index(max_engines)
+    # The order matters: snapshots, and the keys inside them, are created in the order first seen.
+    _read_gauges(fams, snap)
+    _read_waiting_by_reason(fams.get(WAITING_BY_REASON), snap)
+    _read_counters(fams, snap)
+    _read_prompt_computed(fams.get(PROMPT_BY_SOURCE), snap)
+    for canon, names in HISTOGRAMS.items():
+        fam = _first_present(fams, names)
+        if fam is not None:
+            _read_histograms(canon, fam, snap, out)
+    if not out:
+        return out  # no vLLM series: config and info families alone make no engine
+    _apply_cache_config(fams.get(CACHE_CONFIG), out)
+    _apply_lora_info(fams.get(LORA_INFO), out)
+    return out
+
+
+def _engine_index(max_engines: int):
+    """``snap(labels)`` -> the snapshot a series belongs to, and ``out``, the snapshots by key.
+
+    Series are keyed as labelled until ``max_engines`` keys exist; every later key shares the
+    overflow snapshot. A closure, not a class: it is called once per sample.
+    """
     by_raw: dict[tuple[str, str], EngineSnapshot] = {}  # as labelled; beyond max_engines they share one
     out: dict[tuple[str, str], EngineSnapshot] = {}
-    isfinite = math.isfinite
 
     def snap(labels: dict[str, str]) -> EngineSnapshot:
         raw = (labels.get("model_name", ""), labels.get("engine", "0"))
@@ -189,8 +211,22 @@ def normalize(families: dict[str, Family], max_engines: int = 64) -> dict[tuple[
             by_raw[raw] = s
         return s
 
+    return snap, out
+
+
+def _first_present(fams: dict[str, Family], names: tuple[str, ...]) -> Family | None:
+    """The family of the newest vLLM name that has samples (releases renamed several metrics)."""
+    for n in names:
+        fam = fams.get(n)
+        if fam is not None and fam.samples:
+            return fam
+    return None
+
+
+def _read_gauges(fams: dict[str, Family], snap) -> None:
+    isfinite = math.isfinite
     for canon, names in GAUGES.items():
-        fam = next((fams[n] for n in names if n in fams and fams[n].samples), None)
+        fam = _first_present(fams, names)
         if fam is None:
             continue
         # Ratios fold by max (an overflow bucket must not read above 1); counts add.
@@ -202,90 +238,111 @@ def normalize(families: dict[str, Family], max_engines: int = 64) -> dict[tuple[
             g = snap(smp.labels).gauges
             g[canon] = max(g.get(canon, 0.0), v) if fold_max else g.get(canon, 0.0) + v
 
-    fam = fams.get(WAITING_BY_REASON)
-    if fam is not None:
-        for smp in fam.samples:
-            reason = smp.labels.get("reason", "")
-            if reason in ("capacity", "deferred") and math.isfinite(smp.value):
-                g = snap(smp.labels).gauges
-                g["requests_waiting_" + reason] = g.get("requests_waiting_" + reason, 0.0) + smp.value
 
+def _read_waiting_by_reason(fam: Family | None, snap) -> None:
+    """0.12+: the queue split into waiting for capacity and deferred (e.g. LoRA budget)."""
+    if fam is None:
+        return
+    for smp in fam.samples:
+        reason = smp.labels.get("reason", "")
+        if reason in ("capacity", "deferred") and math.isfinite(smp.value):
+            g = snap(smp.labels).gauges
+            g["requests_waiting_" + reason] = g.get("requests_waiting_" + reason, 0.0) + smp.value
+
+
+def _read_counters(fams: dict[str, Family], snap) -> None:
+    isfinite = math.isfinite
     for canon, names in COUNTERS.items():
-        fam = next((fams[n] for n in names if n in fams and fams[n].samples), None)
+        fam = _first_present(fams, names)
         if fam is None:
             continue
         for smp in fam.samples:
-            if smp.name.endswith("_created") or not math.isfinite(smp.value):
+            if smp.name.endswith("_created") or not isfinite(smp.value):
                 continue
             c = snap(smp.labels).counters
             c[canon] = c.get(canon, 0.0) + smp.value
 
-    fam = fams.get(PROMPT_BY_SOURCE)
-    if fam is not None:
-        for smp in fam.samples:
-            if smp.labels.get("source") == "local_compute" and smp.name.endswith("_total"):
-                c = snap(smp.labels).counters
-                c["prompt_tokens_computed"] = c.get("prompt_tokens_computed", 0.0) + smp.value
 
-    for canon, names in HISTOGRAMS.items():
-        fam = next((fams[n] for n in names if n in fams and fams[n].samples), None)
-        if fam is None:
+def _read_prompt_computed(fam: Family | None, snap) -> None:
+    """0.12+: prompt tokens actually prefilled (``source="local_compute"``), not served from cache."""
+    if fam is None:
+        return
+    for smp in fam.samples:
+        if smp.labels.get("source") == "local_compute" and smp.name.endswith("_total"):
+            c = snap(smp.labels).counters
+            c["prompt_tokens_computed"] = c.get("prompt_tokens_computed", 0.0) + smp.value
+
+
+def _read_histograms(canon: str, fam: Family, snap, out: dict[tuple[str, str], EngineSnapshot]) -> None:
+    for key, (buckets, (hsum, hcount)) in _sum_histogram_series(fam, snap).items():
+        if not buckets or math.inf not in buckets:
+            continue  # a histogram without +Inf is not usable for quantiles
+        out[key].histograms[canon] = _histogram(buckets, hsum, hcount)
+
+
+def _sum_histogram_series(fam: Family, snap) -> dict[tuple[str, str], tuple[dict[float, float], list[float]]]:
+    """Per snapshot key: buckets {bound: count} and [sum, count], added over the series folded into it."""
+    acc: dict[tuple[str, str], tuple[dict[float, float], list[float]]] = {}
+    acc_raw: dict[tuple[str, str], tuple[dict[float, float], list[float]]] = {}  # the same, by raw labels
+    for smp in fam.samples:
+        name = smp.name
+        if name.endswith("_created"):
             continue
-        acc: dict[tuple[str, str], tuple[dict[float, float], list[float]]] = {}
-        acc_raw: dict[tuple[str, str], tuple[dict[float, float], list[float]]] = {}  # the same, by raw labels
-        for smp in fam.samples:
-            name = smp.name
-            if name.endswith("_created"):
+        labels = smp.labels
+        # Looked up by raw labels first: one dict probe per sample instead of a snap() call.
+        raw = (labels.get("model_name", ""), labels.get("engine", "0"))
+        entry = acc_raw.get(raw)
+        if entry is None:
+            es = snap(labels)
+            entry = acc_raw[raw] = acc.setdefault((es.model_name, es.engine), ({}, [0.0, 0.0]))
+        buckets, sc = entry
+        if name.endswith("_bucket"):
+            le = _bound(labels.get("le", ""))
+            if le is None:
                 continue
-            labels = smp.labels
-            raw = (labels.get("model_name", ""), labels.get("engine", "0"))
-            entry = acc_raw.get(raw)
-            if entry is None:
-                es = snap(labels)
-                entry = acc_raw[raw] = acc.setdefault((es.model_name, es.engine), ({}, [0.0, 0.0]))
-            buckets, sc = entry
-            if name.endswith("_bucket"):
-                le = _bound(labels.get("le", ""))
-                if le is None:
-                    continue
-                buckets[le] = buckets.get(le, 0.0) + smp.value
-            elif name.endswith("_sum"):
-                sc[0] += smp.value
-            elif name.endswith("_count"):
-                sc[1] += smp.value
-        for key, (buckets, (hsum, hcount)) in acc.items():
-            if not buckets or math.inf not in buckets:
-                continue  # a histogram without +Inf is not usable for quantiles
-            bounds = tuple(sorted(buckets))
-            if len(_SHARED_BOUNDS) >= 1024:
-                _SHARED_BOUNDS.clear()  # endless layouts from a hostile upstream must not grow memory
-            bounds = _SHARED_BOUNDS.setdefault(bounds, bounds)  # one tuple per bucket layout, not per scrape
-            out[key].histograms[canon] = Histogram(bounds, [buckets[b] for b in bounds], hsum, hcount)
+            buckets[le] = buckets.get(le, 0.0) + smp.value
+        elif name.endswith("_sum"):
+            sc[0] += smp.value
+        elif name.endswith("_count"):
+            sc[1] += smp.value
+    return acc
 
-    if not out:
-        return out  # no vLLM series: config and info families alone make no engine
 
-    fam = fams.get(CACHE_CONFIG)
-    if fam is not None:
-        for smp in fam.samples:
-            cfg = _cache_config(smp.labels)
-            engine, model = smp.labels.get("engine"), smp.labels.get("model_name")
-            for s in out.values():
-                if (engine is None or s.engine == engine) and (model is None or s.model_name == model):
-                    s.cache = cfg
+def _histogram(buckets: dict[float, float], hsum: float, hcount: float) -> Histogram:
+    bounds = tuple(sorted(buckets))
+    if len(_SHARED_BOUNDS) >= 1024:
+        _SHARED_BOUNDS.clear()  # endless layouts from a hostile upstream must not grow memory
+    bounds = _SHARED_BOUNDS.setdefault(bounds, bounds)  # one tuple per bucket layout, not per scrape
+    return Histogram(bounds, [buckets[b] for b in bounds], hsum, hcount)
 
-    fam = fams.get(LORA_INFO)
-    if fam is not None and fam.samples:
-        # One series per adapter combination ever seen, valued with the time it was set: the newest is current.
-        by_scope: dict[tuple[str | None, str | None], object] = {}
-        for smp in fam.samples:
-            scope = (smp.labels.get("model_name"), smp.labels.get("engine"))
-            if scope not in by_scope or smp.value >= by_scope[scope].value:
-                by_scope[scope] = smp
-        for (model, engine), smp in by_scope.items():
-            for s in out.values():
-                if (engine is None or s.engine == engine) and (model is None or s.model_name == model):
-                    s.lora_running = _adapters(smp.labels.get("running_lora_adapters"))
-                    s.lora_waiting = _adapters(smp.labels.get("waiting_lora_adapters"))
-                    s.max_lora = _num(smp.labels.get("max_lora"), int)
-    return out
+
+def _in_scope(out: dict[tuple[str, str], EngineSnapshot], model: str | None, engine: str | None):
+    """The snapshots an info series applies to: a missing label means every model / engine."""
+    return [s for s in out.values()
+            if (engine is None or s.engine == engine) and (model is None or s.model_name == model)]
+
+
+def _apply_cache_config(fam: Family | None, out: dict[tuple[str, str], EngineSnapshot]) -> None:
+    """V0 and 0.12+ label cache_config_info without model_name, V0 without engine: it applies to all."""
+    if fam is None:
+        return
+    for smp in fam.samples:
+        cfg = _cache_config(smp.labels)
+        for s in _in_scope(out, smp.labels.get("model_name"), smp.labels.get("engine")):
+            s.cache = cfg
+
+
+def _apply_lora_info(fam: Family | None, out: dict[tuple[str, str], EngineSnapshot]) -> None:
+    if fam is None or not fam.samples:
+        return
+    # One series per adapter combination ever seen, valued with the time it was set: the newest is current.
+    by_scope: dict[tuple[str | None, str | None], object] = {}
+    for smp in fam.samples:
+        scope = (smp.labels.get("model_name"), smp.labels.get("engine"))
+        if scope not in by_scope or smp.value >= by_scope[scope].value:
+            by_scope[scope] = smp
+    for (model, engine), smp in by_scope.items():
+        for s in _in_scope(out, model, engine):
+            s.lora_running = _adapters(smp.labels.get("running_lora_adapters"))
+            s.lora_waiting = _adapters(smp.labels.get("waiting_lora_adapters"))
+            s.max_lora = _num(smp.labels.get("max_lora"), int)

@@ -293,11 +293,25 @@ class Engine:
     # ------------------------------------------------------------------ one step
 
     def _step_start(self, now: float) -> None:
-        cfg = self.cfg
-        bs = self.bs
-        budget = cfg.max_num_batched_tokens
-        running = self.running
+        """Schedule one step (running requests first, then the queue) and time it."""
+        budget = self.cfg.max_num_batched_tokens
         scheduled: list = []
+        budget, preempted = self._schedule_running(budget, scheduled)
+        self._deferred = 0
+        # vLLM admits nobody in a step that had to preempt: the blocks just freed are for the running.
+        if not preempted and self.waiting:
+            budget = self._schedule_waiting(now, budget, scheduled)
+        dt = self._step_duration(self.cfg.max_num_batched_tokens - budget, scheduled)
+        self.in_flight = scheduled
+        self.step_start_t = now
+        self.step_end_t = now + dt
+        self.next_t = self.step_end_t
+
+    def _schedule_running(self, budget: int, scheduled: list) -> tuple[int, bool]:
+        """Each running request gets its next chunk (or decode token) and the blocks for it, in order,
+        preempting the newest requests when blocks run out.  Returns (budget left, preempted?)."""
+        bs = self.bs
+        running = self.running
         preempted = False
         i = 0
         while i < len(running) and budget > 0:
@@ -308,97 +322,119 @@ class Engine:
             need = (req.num_computed + num_new + bs - 1) // bs - req.blocks - req.shared_blocks
             if need > 0:
                 if need > self.free:
-                    victim = None
-                    while need > self.free:
-                        victim = running.pop()
-                        self._preempt(victim)
-                        preempted = True
-                        if victim is req:
-                            break
-                    if victim is req:
-                        break
+                    preempted = True
+                    if not self._preempt_newest_until_free(req, need):
+                        break  # req itself was the newest and went: the running list ends here
                 self._allocate(need)
                 req.blocks += need
             scheduled.append((req, num_new))
             budget -= num_new
             i += 1
+        return budget, preempted
 
+    def _preempt_newest_until_free(self, req: Request, need: int) -> bool:
+        """Preempt the newest running requests until ``need`` blocks are free; False if ``req``
+        itself had to go (it was the newest left)."""
+        running = self.running
+        while need > self.free:
+            victim = running.pop()
+            self._preempt(victim)
+            if victim is req:
+                return False
+        return True
+
+    def _schedule_waiting(self, now: float, budget: int, scheduled: list) -> int:
+        """Admit the head of the queue while budget, max_num_seqs and free blocks allow (FCFS: the
+        first that does not fit stops admission).  LoRA requests over max_loras are skipped but keep
+        their place.  Returns the budget left."""
+        cfg = self.cfg
+        bs = self.bs
+        running = self.running
         waiting = self.waiting
-        deferred = 0
-        if not preempted and waiting:
-            max_seqs = cfg.max_num_seqs
-            skipped: list[Request] = []
-            loras = self.lora_counts
-            max_loras = cfg.max_loras
-            caching = cfg.enable_prefix_caching
-            while waiting and budget > 0 and len(running) < max_seqs:
-                req = waiting[0]
-                if req.lora is not None and req.lora not in loras and len(loras) >= max_loras:
-                    skipped.append(waiting.popleft())
-                    req.deferred = True
-                    continue
-                hit_runs = ()
-                hit_blocks = 0
-                touched = 0
-                if caching and req.chain_keys:
-                    limit = (req.num_tokens - 1) // bs
-                    hit_runs = []
-                    for run in self._chain(req):
-                        if not run.cached or hit_blocks + run.nblocks > limit:
-                            break
-                        hit_runs.append(run)
-                        hit_blocks += run.nblocks
-                        if run.refs == 0:
-                            touched += run.nblocks
-                hit_tokens = hit_blocks * bs
-                num_new = req.num_tokens - hit_tokens
-                if num_new > budget:
-                    num_new = budget
-                need = (hit_tokens + num_new + bs - 1) // bs - hit_blocks
-                if need + touched > self.free:
-                    break
-                waiting.popleft()
-                req.deferred = False
-                for run in hit_runs:
-                    if run.refs == 0:
-                        del self.evictable[run]
-                        self.evictable_blocks -= run.nblocks
-                        self.free -= run.nblocks
-                    run.refs += 1
-                req.runs = list(hit_runs)
-                req.shared_blocks = hit_blocks
-                req.num_computed = hit_tokens
-                self._allocate(need)
-                req.blocks = need
-                if req.num_preemptions == 0:
-                    self.stats.prefix_queries += req.num_tokens
-                    self.stats.prefix_hits += hit_tokens
-                    self.stats.cached_device += hit_tokens
-                    req.cached_tokens = hit_tokens
-                if req.scheduled_ts < 0:
-                    req.scheduled_ts = now
-                if req.lora is not None:
-                    loras[req.lora] = loras.get(req.lora, 0) + 1
-                running.append(req)
-                scheduled.append((req, num_new))
-                budget -= num_new
-            if skipped:
-                waiting.extendleft(reversed(skipped))
-                deferred = len(skipped)
-        self._deferred = deferred
+        max_seqs = cfg.max_num_seqs
+        skipped: list[Request] = []
+        loras = self.lora_counts
+        max_loras = cfg.max_loras
+        caching = cfg.enable_prefix_caching
+        while waiting and budget > 0 and len(running) < max_seqs:
+            req = waiting[0]
+            if req.lora is not None and req.lora not in loras and len(loras) >= max_loras:
+                skipped.append(waiting.popleft())
+                req.deferred = True
+                continue
+            if caching and req.chain_keys:
+                hit_runs, hit_blocks, touched = self._prefix_cache_hits(req)
+            else:
+                hit_runs, hit_blocks, touched = (), 0, 0
+            hit_tokens = hit_blocks * bs
+            num_new = req.num_tokens - hit_tokens
+            if num_new > budget:
+                num_new = budget
+            need = (hit_tokens + num_new + bs - 1) // bs - hit_blocks
+            # Cached blocks nobody holds sit in the free pool: taking them costs free blocks too.
+            if need + touched > self.free:
+                break
+            waiting.popleft()
+            self._admit(req, now, hit_runs, hit_blocks, need)
+            scheduled.append((req, num_new))
+            budget -= num_new
+        if skipped:
+            waiting.extendleft(reversed(skipped))
+            self._deferred = len(skipped)
+        return budget
 
-        # Step duration from the batch.
-        st = cfg.step_time
-        tokens = cfg.max_num_batched_tokens - budget
+    def _prefix_cache_hits(self, req: Request) -> tuple[list[PrefixRun], int, int]:
+        """The cached runs ``req``'s prompt starts with: (runs, blocks, blocks taken from the free pool).
+        The last prompt token is always computed, as in vLLM."""
+        limit = (req.num_tokens - 1) // self.bs
+        hit_runs = []
+        hit_blocks = 0
+        touched = 0
+        for run in self._chain(req):
+            if not run.cached or hit_blocks + run.nblocks > limit:
+                break
+            hit_runs.append(run)
+            hit_blocks += run.nblocks
+            if run.refs == 0:
+                touched += run.nblocks
+        return hit_runs, hit_blocks, touched
+
+    def _admit(self, req: Request, now: float, hit_runs, hit_blocks: int, need: int) -> None:
+        """Move ``req`` from the queue into the batch: reference its cached runs, allocate ``need``
+        private blocks, count the prefix-cache query (once per request, not after a preemption)."""
+        req.deferred = False
+        for run in hit_runs:
+            if run.refs == 0:
+                del self.evictable[run]
+                self.evictable_blocks -= run.nblocks
+                self.free -= run.nblocks
+            run.refs += 1
+        hit_tokens = hit_blocks * self.bs
+        req.runs = list(hit_runs)
+        req.shared_blocks = hit_blocks
+        req.num_computed = hit_tokens
+        self._allocate(need)
+        req.blocks = need
+        if req.num_preemptions == 0:
+            self.stats.prefix_queries += req.num_tokens
+            self.stats.prefix_hits += hit_tokens
+            self.stats.cached_device += hit_tokens
+            req.cached_tokens = hit_tokens
+        if req.scheduled_ts < 0:
+            req.scheduled_ts = now
+        if req.lora is not None:
+            self.lora_counts[req.lora] = self.lora_counts.get(req.lora, 0) + 1
+        self.running.append(req)
+
+    def _step_duration(self, tokens: int, scheduled: list) -> float:
+        """Linear in the batch (scenario.StepTime), with optional lognormal jitter."""
+        st = self.cfg.step_time
         dt = st.base_s + st.per_token_s * tokens + st.per_seq_s * len(scheduled)
         if st.per_context_token_s:
             dt += st.per_context_token_s * sum(r.num_computed for r, _ in scheduled)
         if st.jitter:
             dt *= self.rng.lognormvariate(0.0, st.jitter)
-        self.in_flight = scheduled
-        self.step_start_t = now
-        self.step_end_t = now + dt
-        self.next_t = self.step_end_t
+        return dt
 
     def _step_end(self, now: float) -> None:
         scheduled = self.in_flight

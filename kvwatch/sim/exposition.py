@@ -322,104 +322,131 @@ def render(sim, version: str = "0.32", process_start: float | None = None) -> st
         return _render_v0(sim)
     out = _Out(created=True)
     _process_families(out, sim.wall_start if process_start is None else process_start)
-    engines = sim.engines
-    model = engines[0].cfg.model_name
-    lab = [{"engine": str(e.index), "model_name": model} for e in engines]
-    st = [e.stats for e in engines]
-    cr = [s.created for s in st]
-
-    def per_engine(name, key, values, typ):
-        out.simple(name, H[key], typ, [(lab[i], values[i], cr[i]) for i in range(len(engines))])
-
-    def per_engine_label(name, key, label, choices, getter, typ="counter"):
-        rows = []
-        for c in choices:
-            for i in range(len(engines)):
-                rows.append(({**lab[i], label: c}, getter(st[i], c), cr[i]))
-        out.simple(name, H[key], typ, rows)
-
-    zeros = [0.0] * len(engines)
-    per_engine("vllm:estimated_flops_per_gpu_total", "estimated_flops_per_gpu", zeros, "counter")
-    per_engine("vllm:estimated_read_bytes_per_gpu_total", "estimated_read_bytes_per_gpu", zeros, "counter")
-    per_engine("vllm:estimated_write_bytes_per_gpu_total", "estimated_write_bytes_per_gpu", zeros, "counter")
-    per_engine("vllm:num_requests_running", "num_requests_running", [s.running for s in st], "gauge")
-    per_engine("vllm:num_requests_waiting", "num_requests_waiting", [s.waiting for s in st], "gauge")
-    rows = []
-    for i, s in enumerate(st):
-        rows.append(({**lab[i], "reason": "capacity"}, s.waiting - s.waiting_deferred, cr[i]))
-        rows.append(({**lab[i], "reason": "deferred"}, s.waiting_deferred, cr[i]))
-    out.simple("vllm:num_requests_waiting_by_reason", H["num_requests_waiting_by_reason"], "gauge", rows)
-    rows = []
-    for i in range(len(engines)):
-        for state, v in (("awake", 1.0), ("weights_offloaded", 0.0), ("discard_all", 0.0)):
-            rows.append(({**lab[i], "sleep_state": state}, v, cr[i]))
-    out.simple("vllm:engine_sleep_state", H["engine_sleep_state"], "gauge", rows)
+    pe = _PerEngine(out, sim.engines)
+    # Families in the order a real 0.32 capture prints them (tests/test_sim_format.py checks it).
+    _scheduler_families(pe)
     if version == "0.10":
-        per_engine("vllm:gpu_cache_usage_perc", "gpu_cache_usage_perc_010", [s.kv_usage for s in st], "gauge")
-        per_engine("vllm:gpu_prefix_cache_queries_total", "gpu_prefix_cache_queries_010",
-                   [s.prefix_queries for s in st], "counter")
-        per_engine("vllm:gpu_prefix_cache_hits_total", "gpu_prefix_cache_hits_010",
-                   [s.prefix_hits for s in st], "counter")
-    per_engine("vllm:kv_cache_usage_perc", "kv_cache_usage_perc", [s.kv_usage for s in st], "gauge")
-    per_engine("vllm:prefix_cache_queries_total", "prefix_cache_queries", [s.prefix_queries for s in st], "counter")
-    per_engine("vllm:prefix_cache_hits_total", "prefix_cache_hits", [s.prefix_hits for s in st], "counter")
-    per_engine("vllm:external_prefix_cache_queries_total", "external_prefix_cache_queries", zeros, "counter")
-    per_engine("vllm:external_prefix_cache_hits_total", "external_prefix_cache_hits", zeros, "counter")
-    per_engine("vllm:mm_cache_queries_total", "mm_cache_queries", zeros, "counter")
-    per_engine("vllm:mm_cache_hits_total", "mm_cache_hits", zeros, "counter")
-    per_engine("vllm:num_preemptions_total", "num_preemptions", [s.preemptions for s in st], "counter")
-    per_engine("vllm:prompt_tokens_total", "prompt_tokens", [s.prompt_tokens for s in st], "counter")
-    by_source = {"local_compute": lambda s: s.prompt_local_compute,
-                 "local_cache_hit": lambda s: s.prompt_local_cache_hit,
-                 "external_kv_transfer": lambda s: 0}
-    rows = []
-    for i, s in enumerate(st):
-        for src, f in by_source.items():
-            rows.append(({**lab[i], "source": src}, f(s), cr[i]))
-    out.simple("vllm:prompt_tokens_by_source_total", H["prompt_tokens_by_source"], "counter", rows)
-    per_engine("vllm:prompt_tokens_cached_total", "prompt_tokens_cached", [s.prompt_cached for s in st], "counter")
-    rows = []
-    for i, s in enumerate(st):
-        for src in ("device", "host", "p2p", "disk", "external_unspecified"):
-            rows.append(({**lab[i], "source": src}, s.cached_device if src == "device" else 0, cr[i]))
-    out.simple("vllm:prompt_tokens_cached_by_source_total", H["prompt_tokens_cached_by_source"], "counter", rows)
-    per_engine("vllm:generation_tokens_total", "generation_tokens", [s.gen_tokens for s in st], "counter")
-    rows = []
-    for i, s in enumerate(st):
-        for r in FINISH_REASONS:
-            rows.append(({**lab[i], "finished_reason": r}, s.success[r], cr[i]))
-    out.simple("vllm:request_success_total", H["request_success"], "counter", rows)
-    out.simple("vllm:admission_rejections_total", H["admission_rejections"], "counter",
-               [({"model_name": model, "reason": r}, 0.0, cr[0])
-                for r in ("max_num_queued_reqs", "max_num_queued_tokens")])
-    for name, key, attr in (
-        ("vllm:request_prompt_tokens", "request_prompt_tokens", "h_prompt"),
-        ("vllm:request_generation_tokens", "request_generation_tokens", "h_generation"),
-        ("vllm:iteration_tokens_total", "iteration_tokens_total", "h_iteration"),
-        ("vllm:request_max_num_generation_tokens", "request_max_num_generation_tokens", "h_max_gen"),
-        ("vllm:request_params_n", "request_params_n", "h_n"),
-        ("vllm:request_params_max_tokens", "request_params_max_tokens", "h_max_tokens"),
-        ("vllm:time_to_first_token_seconds", "time_to_first_token_seconds", "h_ttft"),
-        ("vllm:inter_token_latency_seconds", "inter_token_latency_seconds", "h_itl"),
-        ("vllm:request_time_per_output_token_seconds", "request_time_per_output_token_seconds", "h_tpot"),
-        ("vllm:e2e_request_latency_seconds", "e2e_request_latency_seconds", "h_e2e"),
-        ("vllm:request_queue_time_seconds", "request_queue_time_seconds", "h_queue"),
-        ("vllm:request_inference_time_seconds", "request_inference_time_seconds", "h_inference"),
-        ("vllm:request_prefill_time_seconds", "request_prefill_time_seconds", "h_prefill"),
-        ("vllm:request_decode_time_seconds", "request_decode_time_seconds", "h_decode"),
-        ("vllm:request_num_preemptions", "request_num_preemptions", "h_preemptions"),
-        ("vllm:request_prefill_kv_computed_tokens", "request_prefill_kv_computed_tokens", "h_prefill_kv"),
-    ):
-        out.hist(name, H[key], [(lab[i], getattr(s, attr)) for i, s in enumerate(st)])
-    if any(e.cfg.max_loras for e in engines):
-        max_lora = str(max(e.cfg.max_loras for e in engines))
-        rows = [({"max_lora": max_lora, "running_lora_adapters": r, "waiting_lora_adapters": w}, t, 0.0)
-                for (r, w), t in sim.lora_info.items()]
-        out.simple("vllm:lora_requests_info", H["lora_requests_info"], "gauge", rows)
+        _deprecated_010_families(pe)
+    _cache_families(pe)
+    _token_and_request_counters(pe)
+    for name, key, attr in _V1_HISTOGRAMS:
+        out.hist(name, H[key], [(pe.lab[i], getattr(s, attr)) for i, s in enumerate(pe.st)])
+    _lora_family(out, sim)
     out.simple("vllm:cache_config_info", H["cache_config_info"], "gauge",
-               [(cache_config_labels(e.cfg, e.index, version), 1.0, 0.0) for e in engines])
+               [(cache_config_labels(e.cfg, e.index, version), 1.0, 0.0) for e in sim.engines])
     _http_families(out, sim)
     return out.text()
+
+
+class _PerEngine:
+    """Rows of the per-engine V1 families: each engine's labels, stats and ``_created`` time."""
+
+    __slots__ = ("out", "model", "lab", "st", "cr", "zeros")
+
+    def __init__(self, out: _Out, engines):
+        self.out = out
+        self.model = engines[0].cfg.model_name
+        self.lab = [{"engine": str(e.index), "model_name": self.model} for e in engines]
+        self.st = [e.stats for e in engines]
+        self.cr = [s.created for s in self.st]
+        self.zeros = [0.0] * len(engines)  # families vLLM registers but the simulator never moves
+
+    def series(self, name: str, key: str, values, typ: str) -> None:
+        """One series per engine: ``values[i]`` is engine i's."""
+        self.out.simple(name, H[key], typ, [(self.lab[i], values[i], self.cr[i]) for i in range(len(self.st))])
+
+    def split(self, name: str, key: str, typ: str, label: str, pairs) -> None:
+        """Per engine, one series per value of ``label``: ``pairs(stats)`` -> [(label value, value), ...]."""
+        rows = [({**self.lab[i], label: c}, v, self.cr[i]) for i, s in enumerate(self.st) for c, v in pairs(s)]
+        self.out.simple(name, H[key], typ, rows)
+
+
+def _scheduler_families(pe: _PerEngine) -> None:
+    """MFU estimates (always 0 here), queue and batch sizes, and the sleep state."""
+    pe.series("vllm:estimated_flops_per_gpu_total", "estimated_flops_per_gpu", pe.zeros, "counter")
+    pe.series("vllm:estimated_read_bytes_per_gpu_total", "estimated_read_bytes_per_gpu", pe.zeros, "counter")
+    pe.series("vllm:estimated_write_bytes_per_gpu_total", "estimated_write_bytes_per_gpu", pe.zeros, "counter")
+    pe.series("vllm:num_requests_running", "num_requests_running", [s.running for s in pe.st], "gauge")
+    pe.series("vllm:num_requests_waiting", "num_requests_waiting", [s.waiting for s in pe.st], "gauge")
+    pe.split("vllm:num_requests_waiting_by_reason", "num_requests_waiting_by_reason", "gauge", "reason",
+             lambda s: (("capacity", s.waiting - s.waiting_deferred), ("deferred", s.waiting_deferred)))
+    pe.split("vllm:engine_sleep_state", "engine_sleep_state", "gauge", "sleep_state",
+             lambda s: (("awake", 1.0), ("weights_offloaded", 0.0), ("discard_all", 0.0)))
+
+
+def _deprecated_010_families(pe: _PerEngine) -> None:
+    """The old names 0.9-0.11 still exported next to the new ones (same values)."""
+    pe.series("vllm:gpu_cache_usage_perc", "gpu_cache_usage_perc_010", [s.kv_usage for s in pe.st], "gauge")
+    pe.series("vllm:gpu_prefix_cache_queries_total", "gpu_prefix_cache_queries_010",
+              [s.prefix_queries for s in pe.st], "counter")
+    pe.series("vllm:gpu_prefix_cache_hits_total", "gpu_prefix_cache_hits_010",
+              [s.prefix_hits for s in pe.st], "counter")
+
+
+def _cache_families(pe: _PerEngine) -> None:
+    """KV cache usage and the prefix / external / multi-modal cache counters."""
+    st = pe.st
+    pe.series("vllm:kv_cache_usage_perc", "kv_cache_usage_perc", [s.kv_usage for s in st], "gauge")
+    pe.series("vllm:prefix_cache_queries_total", "prefix_cache_queries", [s.prefix_queries for s in st], "counter")
+    pe.series("vllm:prefix_cache_hits_total", "prefix_cache_hits", [s.prefix_hits for s in st], "counter")
+    pe.series("vllm:external_prefix_cache_queries_total", "external_prefix_cache_queries", pe.zeros, "counter")
+    pe.series("vllm:external_prefix_cache_hits_total", "external_prefix_cache_hits", pe.zeros, "counter")
+    pe.series("vllm:mm_cache_queries_total", "mm_cache_queries", pe.zeros, "counter")
+    pe.series("vllm:mm_cache_hits_total", "mm_cache_hits", pe.zeros, "counter")
+
+
+def _token_and_request_counters(pe: _PerEngine) -> None:
+    """Preemptions, prompt tokens (by source, cached), generation tokens, finished and rejected requests."""
+    st = pe.st
+    pe.series("vllm:num_preemptions_total", "num_preemptions", [s.preemptions for s in st], "counter")
+    pe.series("vllm:prompt_tokens_total", "prompt_tokens", [s.prompt_tokens for s in st], "counter")
+    pe.split("vllm:prompt_tokens_by_source_total", "prompt_tokens_by_source", "counter", "source",
+             lambda s: (("local_compute", s.prompt_local_compute), ("local_cache_hit", s.prompt_local_cache_hit),
+                        ("external_kv_transfer", 0)))
+    pe.series("vllm:prompt_tokens_cached_total", "prompt_tokens_cached", [s.prompt_cached for s in st], "counter")
+    # Only the device tier exists in the simulator (no KV offloading or connectors).
+    pe.split("vllm:prompt_tokens_cached_by_source_total", "prompt_tokens_cached_by_source", "counter", "source",
+             lambda s: [(src, s.cached_device if src == "device" else 0)
+                        for src in ("device", "host", "p2p", "disk", "external_unspecified")])
+    pe.series("vllm:generation_tokens_total", "generation_tokens", [s.gen_tokens for s in st], "counter")
+    pe.split("vllm:request_success_total", "request_success", "counter", "finished_reason",
+             lambda s: [(r, s.success[r]) for r in FINISH_REASONS])
+    # Labelled by model and reason only, as in the 0.32 captures: no engine label.
+    pe.out.simple("vllm:admission_rejections_total", H["admission_rejections"], "counter",
+                  [({"model_name": pe.model, "reason": r}, 0.0, pe.cr[0])
+                   for r in ("max_num_queued_reqs", "max_num_queued_tokens")])
+
+
+# (family, help key, EngineStats attribute), in vLLM 0.32's order
+_V1_HISTOGRAMS = (
+    ("vllm:request_prompt_tokens", "request_prompt_tokens", "h_prompt"),
+    ("vllm:request_generation_tokens", "request_generation_tokens", "h_generation"),
+    ("vllm:iteration_tokens_total", "iteration_tokens_total", "h_iteration"),
+    ("vllm:request_max_num_generation_tokens", "request_max_num_generation_tokens", "h_max_gen"),
+    ("vllm:request_params_n", "request_params_n", "h_n"),
+    ("vllm:request_params_max_tokens", "request_params_max_tokens", "h_max_tokens"),
+    ("vllm:time_to_first_token_seconds", "time_to_first_token_seconds", "h_ttft"),
+    ("vllm:inter_token_latency_seconds", "inter_token_latency_seconds", "h_itl"),
+    ("vllm:request_time_per_output_token_seconds", "request_time_per_output_token_seconds", "h_tpot"),
+    ("vllm:e2e_request_latency_seconds", "e2e_request_latency_seconds", "h_e2e"),
+    ("vllm:request_queue_time_seconds", "request_queue_time_seconds", "h_queue"),
+    ("vllm:request_inference_time_seconds", "request_inference_time_seconds", "h_inference"),
+    ("vllm:request_prefill_time_seconds", "request_prefill_time_seconds", "h_prefill"),
+    ("vllm:request_decode_time_seconds", "request_decode_time_seconds", "h_decode"),
+    ("vllm:request_num_preemptions", "request_num_preemptions", "h_preemptions"),
+    ("vllm:request_prefill_kv_computed_tokens", "request_prefill_kv_computed_tokens", "h_prefill_kv"),
+)
+
+
+def _lora_family(out: _Out, sim) -> None:
+    """Only with a LoRA config (vLLM registers it then): one series per adapter combination seen."""
+    engines = sim.engines
+    if not any(e.cfg.max_loras for e in engines):
+        return
+    max_lora = str(max(e.cfg.max_loras for e in engines))
+    rows = [({"max_lora": max_lora, "running_lora_adapters": r, "waiting_lora_adapters": w}, t, 0.0)
+            for (r, w), t in sim.lora_info.items()]
+    out.simple("vllm:lora_requests_info", H["lora_requests_info"], "gauge", rows)
 
 
 def _render_v0(sim) -> str:
