@@ -20,6 +20,7 @@ from kvwatch import __version__
 from kvwatch.config import ConfigError, Settings, load_settings
 from kvwatch.diagnose import SEVERITY
 from kvwatch.parse import ParseError
+from kvwatch.recording import recording_files
 from kvwatch.state import NoVllmMetrics, TargetDiagnosis, TargetState
 
 SUBCOMMANDS = ("run", "diagnose", "record", "sim", "demo", "logs")
@@ -157,15 +158,9 @@ def _replay(args, settings: Settings) -> int:
     d = args.replay
     if not d.is_dir():
         raise ConfigError(f"invalid setting --replay: {str(d)!r} is not a directory")
-    files = []
-    for f in d.glob("*.prom"):
-        try:
-            files.append((float(f.name[: -len(".prom")]), f))
-        except ValueError:
-            continue  # not a <unix_time>.prom file
+    files = recording_files(d)
     if not files:
         raise ConfigError(f"invalid setting --replay: no <unix_time>.prom files in {str(d)!r}")
-    files.sort()
     state = _state(str(d), settings)
     hist = _History()
     final = None
