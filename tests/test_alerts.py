@@ -15,7 +15,7 @@ import jsonschema
 import pytest
 import yaml
 
-from tests.support.prometheus import BinaryMissing, find_binary
+from tests.helpers.prometheus import BinaryMissing, find_binary
 
 REPO = Path(__file__).resolve().parents[1]
 ALERTS = REPO / "alerts"

@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.support.prometheus import Alertmanager, Kvwatch, Prometheus, WebhookReceiver
-from tests.support.replay import SnapshotServer, snapshot_files
+from tests.helpers.prometheus import Alertmanager, Kvwatch, Prometheus, WebhookReceiver
+from tests.helpers.replay import SnapshotServer, snapshot_files
 
 pytestmark = pytest.mark.pipeline
 

@@ -36,7 +36,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.prometheus import free_port, wait_for
+from tests.helpers.prometheus import free_port, wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 DOCKERFILE = REPO / "Dockerfile"
