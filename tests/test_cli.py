@@ -12,7 +12,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.upstream import FIXTURES, Upstream, free_port
+from tests.helpers.ports import free_port
+from tests.upstream import FIXTURES, Upstream
 
 KVWATCH = [sys.executable, "-m", "kvwatch"]
 

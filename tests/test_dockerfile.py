@@ -36,7 +36,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.helpers.prometheus import free_port, wait_for
+from tests.helpers.ports import free_port
+from tests.helpers.prometheus import wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 DOCKERFILE = REPO / "Dockerfile"

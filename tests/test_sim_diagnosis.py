@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ import httpx
 import pytest
 
 from kvwatch.sim import SimServer
+from tests.helpers.ports import free_port
 
 # preset: (speed, {phase: (expected bottleneck, allowed lag in simulated seconds)})
 CASES = {
@@ -61,12 +61,6 @@ class Observation:
     log: str = ""
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 async def _observe(tmp_path) -> Observation:
     obs = Observation(polls={p: [] for p in CASES})
     sims: dict[str, SimServer] = {}
@@ -75,8 +69,8 @@ async def _observe(tmp_path) -> Observation:
     try:
         # kvwatch first (its targets refuse connections for a moment), then the simulators on the
         # ports it already polls: every state is watched from its first simulated second.
-        ports = {preset: _free_port() for preset in CASES}
-        port = _free_port()
+        ports = {preset: free_port() for preset in CASES}
+        port = free_port()
         args = [sys.executable, "-m", "kvwatch", "run", "--listen", f"127.0.0.1:{port}", "--interval", "1",
                 "--log-level", "warning"]
         for p in ports.values():

@@ -12,18 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import gzip
-import socket
 from pathlib import Path
 
 from aiohttp import web
 
+from tests.helpers.ports import free_port
+
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm-0.32.0-cpu"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def captures(scenario: str) -> list[str]:

@@ -13,7 +13,6 @@ import math
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,8 @@ from typing import Iterable
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.helpers.ports import free_port
+
 REPO = Path(__file__).resolve().parents[2]
 E2E_DIR = Path(__file__).resolve().parent
 ARTIFACTS = REPO / "artifacts" / "e2e"
@@ -32,12 +33,6 @@ HOST = "127.0.0.1"
 
 #: flags every server gets (the CPU attention backend needs a block size that is a multiple of 32)
 BASE_SERVER_ARGS = ["--load-format", "dummy", "--dtype", "bfloat16", "--block-size", "32"]
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
 
 
 def log(msg: str) -> None:

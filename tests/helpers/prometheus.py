@@ -7,7 +7,6 @@ them with ``.ci/install-tools.sh``).
 
 API::
 
-    free_port() -> int                          # a free TCP port on 127.0.0.1
     find_binary("promtool") -> str              # absolute path or BinaryMissing
                                                 # ("alertmanager" also finds Debian's "prometheus-alertmanager")
 
@@ -47,7 +46,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -61,6 +59,8 @@ from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
 import httpx
 import yaml
 
+from tests.helpers.ports import free_port
+
 __all__ = [
     "Alertmanager",
     "BinaryMissing",
@@ -70,7 +70,6 @@ __all__ = [
     "Received",
     "WebhookReceiver",
     "find_binary",
-    "free_port",
     "wait_for",
 ]
 
@@ -92,13 +91,6 @@ def find_binary(name: str) -> str:
         if path:
             return path
     raise BinaryMissing(f"{name!r} not found on PATH; install it with `bash .ci/install-tools.sh` (as root)")
-
-
-def free_port() -> int:
-    """A TCP port that was free on 127.0.0.1 a moment ago (the kernel picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for(predicate: Callable[[], T], timeout: float = 60.0, what: str = "condition",
