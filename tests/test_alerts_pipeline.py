@@ -25,7 +25,8 @@ import pytest
 import yaml
 
 from tests.helpers.prometheus import Alertmanager, Kvwatch, Prometheus, WebhookReceiver
-from tests.helpers.replay import SnapshotServer, snapshot_files
+from tests.helpers.recordings import recording
+from tests.helpers.replay import SnapshotServer
 
 pytestmark = pytest.mark.pipeline
 
@@ -34,8 +35,8 @@ ALERTS = REPO / "alerts"
 RULE_FILES = [ALERTS / "kvwatch-rules.yaml", ALERTS / "kvwatch-alerts.yaml"]
 KV_RUN = REPO / "tests" / "fixtures" / "vllm-0.32.0-cpu" / "kv_cache"
 # While requests wait (Waiting 86 -> 4, KV 0.67-0.97, preemptions every second); and after the run (idle).
-KV_BOUND = snapshot_files(KV_RUN, start=1796120543.0, end=1796120566.0)
-IDLE = snapshot_files(KV_RUN, start=1796120567.0)
+KV_BOUND = recording(KV_RUN, start=1796120543.0, end=1796120566.0)
+IDLE = recording(KV_RUN, start=1796120567.0)
 
 SLACK_KEY = "T000/B000/kvwatch-test"
 ROUTING_KEY = "kvwatch-test-routing-key"

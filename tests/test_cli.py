@@ -13,7 +13,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.helpers.ports import free_port
-from tests.upstream import FIXTURES, Upstream
+from tests.helpers.recordings import FIXTURES
+from tests.upstream import Upstream
 
 KVWATCH = [sys.executable, "-m", "kvwatch"]
 

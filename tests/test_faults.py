@@ -17,7 +17,8 @@ from kvwatch.config import load_settings
 from kvwatch.export import KvwatchCollector
 from kvwatch.scrape import FetchConfig, Fetcher, ScrapeError
 from tests.upstream import _BOMB as bomb
-from tests.upstream import Upstream, captures
+from tests.helpers.recordings import captures
+from tests.upstream import Upstream
 
 
 class Clock:

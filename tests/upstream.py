@@ -12,19 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import gzip
-from pathlib import Path
 
 from aiohttp import web
 
 from tests.helpers.ports import free_port
-
-FIXTURES = Path(__file__).parent / "fixtures" / "vllm-0.32.0-cpu"
-
-
-def captures(scenario: str) -> list[str]:
-    files = sorted((FIXTURES / scenario).glob("*.prom"), key=lambda p: float(p.name[:-5]))
-    return [f.read_text() for f in files]
-
+from tests.helpers.recordings import captures
 
 class Upstream:
     def __init__(self):

@@ -2,7 +2,7 @@
 
 A stand-in target for kvwatch and Prometheus built from real captures (``tests/fixtures/vllm-0.32.0-cpu``)::
 
-    files = snapshot_files(FIXTURES / "kv_cache", start=1796120543.0, end=1796120566.0)
+    files = recording(FIXTURES / "kv_cache", start=1796120543.0, end=1796120566.0)  # tests.helpers.recordings
     with SnapshotServer(files) as vllm:                  # stdlib HTTP server in a thread, free port
         vllm.metrics_url                                 # "http://127.0.0.1:PORT/metrics"
         ...
@@ -25,19 +25,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Sequence
 
-__all__ = ["Snapshot", "SnapshotServer", "snapshot_files"]
+__all__ = ["Snapshot", "SnapshotServer"]
 
 _TYPE_RE = re.compile(r"^# TYPE (\S+) (\S+)")
-
-
-def snapshot_files(folder: Path | str, start: float | None = None, end: float | None = None) -> list[Path]:
-    """``<unix_time>.prom`` files of ``folder`` sorted by time, optionally within [start, end]."""
-    out = []
-    for p in Path(folder).glob("*.prom"):
-        t = float(p.name[: -len(".prom")])
-        if (start is None or t >= start) and (end is None or t <= end):
-            out.append((t, p))
-    return [p for _, p in sorted(out)]
 
 
 class Snapshot:
@@ -87,11 +77,11 @@ def _monotonic(name: str, types: dict[str, str]) -> bool:
 
 
 class _Phase:
-    def __init__(self, files: Sequence[Path], speed: float):
+    def __init__(self, files: Sequence[tuple[float, Path]], speed: float):
         if not files:
             raise ValueError("no snapshot files")
-        self.snaps = [Snapshot(Path(f).read_text()) for f in files]
-        times = [float(Path(f).name[: -len(".prom")]) for f in files]
+        self.snaps = [Snapshot(Path(f).read_text()) for _, f in files]
+        times = [t for t, _ in files]
         gaps = [b - a for a, b in zip(times, times[1:])] or [1.0]
         gaps.append(sorted(gaps)[len(gaps) // 2])  # the last snapshot is held for a median gap
         self.starts = [0.0]
@@ -105,7 +95,7 @@ class _Phase:
 class SnapshotServer:
     """Threaded HTTP server answering GET ``/metrics`` with the snapshot due now (see module doc)."""
 
-    def __init__(self, files: Sequence[Path], speed: float = 1.0):
+    def __init__(self, files: Sequence[tuple[float, Path]], speed: float = 1.0):
         self.speed = speed
         self._lock = threading.Lock()
         self._phase = _Phase(files, speed)
@@ -166,7 +156,7 @@ class SnapshotServer:
             self.served += 1
             return self._phase.snaps[idx].render(self._offsets(wrap))
 
-    def set_files(self, files: Sequence[Path]) -> None:
+    def set_files(self, files: Sequence[tuple[float, Path]]) -> None:
         """Switch to another sequence now; every monotonic sample continues from the value it had reached."""
         new = _Phase(files, self.speed)
         with self._lock:
