@@ -29,7 +29,8 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "grafana")]
 
-from tests.helpers.prometheus import Kvwatch, Prometheus, wait_for  # noqa: E402
+from tests.helpers.process import wait_for  # noqa: E402
+from tests.helpers.prometheus import Kvwatch, Prometheus  # noqa: E402
 
 import generate  # noqa: E402  (grafana/generate.py)
 

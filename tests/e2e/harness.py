@@ -12,7 +12,6 @@ import json
 import math
 import os
 import random
-import signal
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.helpers.ports import free_port
+from tests.helpers.process import Process
 
 REPO = Path(__file__).resolve().parents[2]
 E2E_DIR = Path(__file__).resolve().parent
@@ -49,84 +49,6 @@ def tail(path: Path, n: int = 40) -> str:
 # --------------------------------------------------------------------------------------------- processes
 
 
-class ManagedProcess:
-    """A child process in its own process group, logging to a file; stop() kills the whole group."""
-
-    def __init__(self, argv: list[str], log_path: Path, env: dict[str, str] | None = None,
-                 cwd: Path | None = None):
-        self.argv = argv
-        self.log_path = log_path
-        self.env = env
-        self.cwd = cwd
-        self.proc: subprocess.Popen | None = None
-        self._log = None
-
-    def start(self) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(self.log_path, "ab")
-        self._log.write(f"\n### start {time.time():.3f}: {' '.join(self.argv)}\n".encode())
-        self._log.flush()
-        self.proc = subprocess.Popen(
-            self.argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env=self.env, cwd=self.cwd, start_new_session=True,
-        )
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def stop(self, grace: float = 15.0, sig: int = signal.SIGTERM) -> int | None:
-        """Signal the whole process group, wait up to ``grace`` s, then SIGKILL the group."""
-        if self.proc is None:
-            return None
-        pgid = self.proc.pid  # start_new_session: the child leads its own group
-        # signal the leader only: vLLM's API server then shuts its engine core and workers down in order
-        # (SIGKILL, used to simulate a crash, goes to the whole group at once)
-        try:
-            if sig == signal.SIGKILL:
-                os.killpg(pgid, sig)
-            else:
-                self.proc.send_signal(sig)
-        except ProcessLookupError:
-            pass
-        try:
-            self.proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            pass
-        # children (vLLM's engine core and workers) may outlive the leader: always sweep the group
-        deadline = time.monotonic() + grace
-        while _group_alive(pgid) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
-        while _group_alive(pgid) and time.monotonic() < deadline + 10:
-            time.sleep(0.2)
-        if self._log:
-            self._log.close()
-            self._log = None
-        return self.proc.returncode
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-
-
 def vllm_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "PYTHONPATH"))}
     env.update(
@@ -141,7 +63,7 @@ def vllm_env() -> dict[str, str]:
     return env
 
 
-class VllmServer(ManagedProcess):
+class VllmServer(Process):
     """``python -m vllm.entrypoints.openai.api_server`` on a free loopback port, with the tiny dummy model."""
 
     def __init__(self, python: str, model_dir: Path, args: list[str], log_path: Path,
@@ -218,7 +140,7 @@ def project_env() -> dict[str, str]:
     return env
 
 
-class Kvwatch(ManagedProcess):
+class Kvwatch(Process):
     """``python -m kvwatch run --target URL --listen 127.0.0.1:PORT --interval 1 [hints]`` — as in production."""
 
     def __init__(self, target: str, log_path: Path, extra: Iterable[str] = ()):
@@ -250,7 +172,7 @@ class Kvwatch(ManagedProcess):
                 time.sleep(0.2)
 
 
-class Recorder(ManagedProcess):
+class Recorder(Process):
     """``python -m kvwatch record URL --out DIR --duration S``: the scenario's recording, kept as an artefact."""
 
     def __init__(self, target: str, out_dir: Path, duration: float, log_path: Path):
@@ -268,9 +190,6 @@ class Recorder(ManagedProcess):
         except subprocess.TimeoutExpired:
             log("kvwatch record outlived its --duration; stopping it")
             self.stop(grace=5)
-        if self._log:
-            self._log.close()
-            self._log = None
         return self.proc.returncode
 
     def files(self) -> list[Path]:
@@ -456,7 +375,7 @@ class Observer:
             argv += ["--vllm", vllm_metrics_url]
         out.unlink(missing_ok=True)
         self.out = out
-        self.proc = ManagedProcess(argv, out.with_suffix(".observer.log"), env=project_env(), cwd=REPO)
+        self.proc = Process(argv, out.with_suffix(".observer.log"), env=project_env(), cwd=REPO)
         self._samples: list[Sample] = []
         self._read = 0  # bytes of ``out`` already parsed
         self._stop = asyncio.Event()
