@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.helpers.fake_vllm import FakeVllm
 from tests.helpers.prometheus import Alertmanager, Kvwatch, Prometheus, WebhookReceiver
 from tests.helpers.recordings import recording
-from tests.helpers.replay import SnapshotServer
 
 pytestmark = pytest.mark.pipeline
 
@@ -130,8 +130,8 @@ def test_kv_bound_target_pages_with_diagnosis_inhibits_warnings_and_resolves(tmp
         WebhookReceiver(status=202) as pagerduty,
         WebhookReceiver() as heartbeat,
         Alertmanager(alertmanager_test_config(tmp_path, slack, pagerduty, heartbeat), tmp_path / "am") as am,
-        SnapshotServer(KV_BOUND) as vllm,
-        Kvwatch(["run", "--target", vllm.metrics_url, "--interval", "1"], tmp_path / "kvwatch") as kv,
+        FakeVllm().replay(KV_BOUND) as vllm,
+        Kvwatch(["run", "--target", vllm.url, "--interval", "1"], tmp_path / "kvwatch") as kv,
     ):
         prom_cfg = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "900ms"},
@@ -205,7 +205,7 @@ def test_kv_bound_target_pages_with_diagnosis_inhibits_warnings_and_resolves(tmp
             assert hb.json["commonLabels"]["alertname"] == "Watchdog"
 
             # 3. Recovery: the target goes idle; the page resolves in PagerDuty and Slack says so.
-            vllm.set_files(IDLE)
+            vllm.replay(IDLE)
             t_recover = time.time()
 
             def pd_resolved():
@@ -236,8 +236,8 @@ GAP_TOLERANCE = 0.15
 
 def test_fleet_recording_rules_agree_with_the_sidecar(tmp_path):
     with (
-        SnapshotServer(KV_BOUND) as vllm,
-        Kvwatch(["run", "--target", vllm.metrics_url, "--interval", "1", "--window", "60"], tmp_path / "kvwatch") as kv,
+        FakeVllm().replay(KV_BOUND) as vllm,
+        Kvwatch(["run", "--target", vllm.url, "--interval", "1", "--window", "60"], tmp_path / "kvwatch") as kv,
     ):
         prom_cfg = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "900ms"},
