@@ -66,6 +66,8 @@ def vllm_env() -> dict[str, str]:
 class VllmServer(Process):
     """``python -m vllm.entrypoints.openai.api_server`` on a free loopback port, with the tiny dummy model."""
 
+    name = "vLLM"
+
     def __init__(self, python: str, model_dir: Path, args: list[str], log_path: Path,
                  port: int | None = None):
         self.port = port or free_port()
@@ -101,26 +103,11 @@ class VllmServer(Process):
         t0 = time.monotonic()
         log(f"starting vLLM on :{self.port} with {' '.join(self.args)}")
         self.start()
-        deadline = t0 + timeout
-        with httpx.Client(timeout=2.0) as client:
-            while True:
-                if not self.running():
-                    raise RuntimeError(
-                        f"vLLM exited with status {self.proc.returncode} during start-up; "
-                        f"log {self.log_path}:\n{tail(self.log_path)}"
-                    )
-                try:
-                    if client.get(f"{self.base_url}/health").status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError(
-                        f"vLLM did not become healthy within {timeout:.0f} s; log {self.log_path}:\n"
-                        f"{tail(self.log_path)}"
-                    )
-                time.sleep(0.5)
+        try:
+            self.wait_for_url(f"{self.base_url}/health", timeout=timeout, what="vLLM healthy", interval=0.5)
+        except TimeoutError:
+            self.stop()
+            raise
         took = time.monotonic() - t0
         self.startup_seconds.append(took)
         log(f"vLLM healthy on :{self.port} after {took:.1f} s")
@@ -143,6 +130,8 @@ def project_env() -> dict[str, str]:
 class Kvwatch(Process):
     """``python -m kvwatch run --target URL --listen 127.0.0.1:PORT --interval 1 [hints]`` — as in production."""
 
+    name = "kvwatch run"
+
     def __init__(self, target: str, log_path: Path, extra: Iterable[str] = ()):
         self.port = free_port()
         self.target = target
@@ -157,19 +146,7 @@ class Kvwatch(Process):
 
     def start_and_wait(self, timeout: float = 30.0) -> None:
         self.start()
-        deadline = time.monotonic() + timeout
-        with httpx.Client(timeout=2.0) as client:
-            while True:
-                if not self.running():
-                    raise RuntimeError(f"kvwatch run exited with {self.proc.returncode}:\n{tail(self.log_path)}")
-                try:
-                    if client.get(f"{self.url}/readyz").status_code == 200:
-                        return
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"kvwatch not ready within {timeout} s:\n{tail(self.log_path)}")
-                time.sleep(0.2)
+        self.wait_for_url(f"{self.url}/readyz", timeout=timeout, what="kvwatch ready", interval=0.2)
 
 
 class Recorder(Process):

@@ -136,6 +136,9 @@ class ManagedProcess(Process):
         resp.raise_for_status()
         return resp.text
 
+    def wait_for(self, predicate: Callable[[], T], timeout: float = 60.0, what: str = "condition") -> T:
+        return wait_for(predicate, timeout, what, on_timeout=self.log_tail)
+
     def __exit__(self, *exc: object) -> None:
         self.stop()
         self._http.close()
@@ -208,8 +211,6 @@ class Prometheus(ManagedProcess):
     def reload(self) -> None:
         self._http.post(self.url + "/-/reload").raise_for_status()
 
-    def wait_for(self, predicate: Callable[[], T], timeout: float = 60.0, what: str = "condition") -> T:
-        return wait_for(predicate, timeout, what, on_timeout=self.log_tail)
 
 
 class Alertmanager(ManagedProcess):
@@ -245,8 +246,6 @@ class Alertmanager(ManagedProcess):
         resp.raise_for_status()
         return resp.json()
 
-    def wait_for(self, predicate: Callable[[], T], timeout: float = 60.0, what: str = "condition") -> T:
-        return wait_for(predicate, timeout, what, on_timeout=self.log_tail)
 
 
 class Kvwatch(ManagedProcess):
