@@ -13,7 +13,7 @@
 set -euo pipefail
 
 # Debian names the Alertmanager binary `prometheus-alertmanager`; upstream tarballs call it
-# `alertmanager`. Either satisfies us (tests/support/prometheus.py looks for both).
+# `alertmanager`. Either satisfies us (tests/helpers/prometheus.py looks for both).
 have() {
     if [ "$1" = alertmanager ]; then
         command -v alertmanager >/dev/null 2>&1 || command -v prometheus-alertmanager >/dev/null 2>&1

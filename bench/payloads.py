@@ -11,18 +11,16 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+from tests.helpers.recordings import FIXTURES, captures
 
-ROOT = Path(__file__).resolve().parent.parent
-CAPTURES = ROOT / "tests" / "fixtures" / "vllm-0.32.0-cpu" / "kv_cache"
 MODEL = "tiny-llama-dummy"
 
 
 def real_bodies() -> list[str]:
-    files = sorted(CAPTURES.glob("*.prom"), key=lambda p: float(p.name[: -len(".prom")]))
-    if not files:
-        raise SystemExit(f"bench: no captures in {CAPTURES}")
-    return [p.read_text() for p in files]
+    bodies = captures("kv_cache")
+    if not bodies:
+        raise SystemExit(f"bench: no captures in {FIXTURES / 'kv_cache'}")
+    return bodies
 
 
 def _blocks(body: str) -> list[tuple[list[str], list[str]]]:

@@ -1,24 +1,19 @@
-"""Start and stop the benchmark's helper processes (the payload server, ``kvwatch run``) by pid."""
+"""The benchmark's helper processes (the payload server, ``kvwatch run``), each a ``tests.helpers.process.Process``
+(a session of its own, always stopped and reaped); RSS and CPU time of a process from /proc."""
 
 from __future__ import annotations
 
 import contextlib
 import os
-import signal
-import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
+from tests.helpers.ports import free_port
+from tests.helpers.process import Process
+
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _pin(cpu: int | None):
@@ -27,28 +22,15 @@ def _pin(cpu: int | None):
     return lambda: os.sched_setaffinity(0, {cpu})
 
 
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 @contextlib.contextmanager
 def payload_server(fanin: int = 0, b_captures: int = 48, cpu: int | None = None):
     """``bench.server`` in its own process; yields its base URL."""
     cmd = [sys.executable, "-m", "bench.server", "--fanin", str(fanin), "--b-captures", str(b_captures)]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True, preexec_fn=_pin(cpu))
-    try:
-        line = proc.stdout.readline()
+    with Process(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True, preexec_fn=_pin(cpu)) as proc:
+        line = proc.proc.stdout.readline()
         if not line.startswith("listening "):
             raise RuntimeError(f"bench: payload server did not start: {line!r}")
         yield f"http://127.0.0.1:{int(line.split()[1])}"
-    finally:
-        stop(proc)
 
 
 @contextlib.contextmanager
@@ -58,25 +40,10 @@ def kvwatch_run(targets: list[str], *flags: str, cpu: int | None = None):
     port = free_port()
     env = dict(os.environ, KVWATCH_TARGET=",".join(targets), KVWATCH_LOG_LEVEL="error")
     cmd = [sys.executable, "-m", "kvwatch", "run", "--listen", f"127.0.0.1:{port}", *flags]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, preexec_fn=_pin(cpu))
     url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"bench: kvwatch run exited with {proc.returncode}")
-            try:
-                with urllib.request.urlopen(url + "/readyz", timeout=1) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("bench: kvwatch run did not become ready in 30 s")
-            time.sleep(0.05)
+    with Process(cmd, cwd=ROOT, env=env, preexec_fn=_pin(cpu), name="bench: kvwatch run") as proc:
+        proc.wait_for_url(url + "/readyz", timeout=30, interval=0.05)
         yield proc, url
-    finally:
-        stop(proc)
 
 
 def get(url: str, timeout: float = 10.0) -> bytes:

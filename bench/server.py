@@ -4,9 +4,10 @@
 
 Paths: ``/a/metrics`` (the real 0.32 captures in order, looping), ``/b/metrics`` (the same,
 relabelled to 8 engines x 2 models), ``/t/<i>/metrics`` for i < N (the real captures, each path at
-its own position). Like prometheus_client's ASGI app that vLLM mounts, the body is gzip-compressed
-when the client accepts it (compressed once, up front). ``/stats`` returns, per path, the number of
-requests and the ``time.monotonic()`` of each arrival since the last ``/stats?reset=1``.
+its own position), each the ``/metrics`` of a ``tests.helpers.fake_vllm.FakeVllm``. Like
+prometheus_client's ASGI app that vLLM mounts, the body is gzip-compressed when the client accepts it
+(compressed once per body). ``/stats`` returns, per path, the number of requests and the
+``time.monotonic()`` of each arrival since the last ``/stats?reset=1``.
 Prints ``listening <port>`` once it serves.
 """
 
@@ -14,18 +15,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gzip
 import json
 import sys
-import time
 
 from aiohttp import web
 
 from bench.payloads import real_bodies, relabel
-
-
-def _variants(bodies: list[str]) -> list[tuple[bytes, bytes]]:
-    return [(b.encode(), gzip.compress(b.encode(), compresslevel=6)) for b in bodies]
+from tests.helpers.fake_vllm import FakeVllm
 
 
 def main(argv=None) -> int:
@@ -35,46 +31,32 @@ def main(argv=None) -> int:
     p.add_argument("--b-captures", type=int, default=48, help="how many captures to relabel for /b")
     args = p.parse_args(argv)
     real = real_bodies()
-    payloads = {"a": _variants(real), "b": _variants([relabel(b, 8, 2) for b in real[: args.b_captures]])}
-    counters: dict[str, int] = {}
-    arrivals: dict[str, list[float]] = {}
-
-    def serve(kind: str, key: str, request: web.Request) -> web.Response:
-        now = time.monotonic()
-        n = counters.get(key, 0)
-        counters[key] = n + 1
-        arrivals.setdefault(key, []).append(now)
-        bodies = payloads[kind]
-        plain, packed = bodies[(n + (int(key) if kind == "t" else 0)) % len(bodies)]
-        headers = {"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}
-        if "gzip" in request.headers.get("Accept-Encoding", ""):
-            headers["Content-Encoding"] = "gzip"
-            return web.Response(body=packed, headers=headers)
-        return web.Response(body=plain, headers=headers)
-
-    payloads["t"] = payloads["a"]
-
-    async def a(request):
-        return serve("a", "a", request)
-
-    async def b(request):
-        return serve("b", "b", request)
+    fakes = {
+        "a": FakeVllm(gzip_when_accepted=True).serve(*real),
+        "b": FakeVllm(gzip_when_accepted=True).serve(*[relabel(b, 8, 2) for b in real[: args.b_captures]]),
+    }
+    for i in range(args.fanin):
+        fakes[str(i)] = FakeVllm(gzip_when_accepted=True).serve(*real)
+        fakes[str(i)].index = i % len(real)
 
     async def t(request):
         i = request.match_info["i"]
-        if not i.isdigit() or int(i) >= args.fanin:
+        if not i.isdigit() or i not in fakes:
             raise web.HTTPNotFound()
-        return serve("t", i, request)
+        return await fakes[i].handle(request)
 
     async def stats(request):
-        text = json.dumps({"requests": counters, "arrivals": arrivals if request.query.get("arrivals") else {}})
+        requests = {key: f.requests for key, f in fakes.items() if f.requests}
+        arrivals = {key: f.arrivals for key, f in fakes.items() if f.arrivals} if request.query.get("arrivals") else {}
+        text = json.dumps({"requests": requests, "arrivals": arrivals})
         if request.query.get("reset"):
-            arrivals.clear()
+            for f in fakes.values():
+                f.arrivals = []
         return web.Response(text=text, content_type="application/json")
 
     app = web.Application()
-    app.router.add_get("/a/metrics", a)
-    app.router.add_get("/b/metrics", b)
+    app.router.add_get("/a/metrics", fakes["a"].handle)
+    app.router.add_get("/b/metrics", fakes["b"].handle)
     app.router.add_get("/t/{i}/metrics", t)
     app.router.add_get("/stats", stats)
 

@@ -20,6 +20,7 @@ from kvwatch import __version__
 from kvwatch.config import ConfigError, Settings, load_settings
 from kvwatch.catalog import Bottleneck
 from kvwatch.parse import ParseError
+from kvwatch.recording import recording_files
 from kvwatch.redact import SecretFilter, url_secrets
 from kvwatch.state import NoVllmMetrics, Target, TargetDiagnosis
 
@@ -171,15 +172,9 @@ def _replay(args, settings: Settings) -> int:
     d = args.replay
     if not d.is_dir():
         raise ConfigError(f"invalid setting --replay: {str(d)!r} is not a directory")
-    files = []
-    for f in d.glob("*.prom"):
-        try:
-            files.append((float(f.name[: -len(".prom")]), f))
-        except ValueError:
-            continue  # not a <unix_time>.prom file
+    files = recording_files(d)
     if not files:
         raise ConfigError(f"invalid setting --replay: no <unix_time>.prom files in {str(d)!r}")
-    files.sort()
     state = Target.from_settings(str(d), settings)
     hist = _History()
     final = None

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from kvwatch.catalog import Action, Bottleneck
-from tests.support.prometheus import BinaryMissing, find_binary
+from tests.helpers.prometheus import BinaryMissing, find_binary
 
 REPO = Path(__file__).resolve().parents[1]
 ALERTS = REPO / "alerts"

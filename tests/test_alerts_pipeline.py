@@ -24,8 +24,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.support.prometheus import Alertmanager, Kvwatch, Prometheus, WebhookReceiver
-from tests.support.replay import SnapshotServer, snapshot_files
+from tests.helpers.fake_vllm import FakeVllm
+from tests.helpers.prometheus import Alertmanager, Kvwatch, Prometheus, WebhookReceiver
+from tests.helpers.recordings import recording
 
 pytestmark = pytest.mark.pipeline
 
@@ -34,8 +35,8 @@ ALERTS = REPO / "alerts"
 RULE_FILES = [ALERTS / "kvwatch-rules.yaml", ALERTS / "kvwatch-alerts.yaml"]
 KV_RUN = REPO / "tests" / "fixtures" / "vllm-0.32.0-cpu" / "kv_cache"
 # While requests wait (Waiting 86 -> 4, KV 0.67-0.97, preemptions every second); and after the run (idle).
-KV_BOUND = snapshot_files(KV_RUN, start=1796120543.0, end=1796120566.0)
-IDLE = snapshot_files(KV_RUN, start=1796120567.0)
+KV_BOUND = recording(KV_RUN, start=1796120543.0, end=1796120566.0)
+IDLE = recording(KV_RUN, start=1796120567.0)
 
 SLACK_KEY = "T000/B000/kvwatch-test"
 ROUTING_KEY = "kvwatch-test-routing-key"
@@ -129,8 +130,8 @@ def test_kv_bound_target_pages_with_diagnosis_inhibits_warnings_and_resolves(tmp
         WebhookReceiver(status=202) as pagerduty,
         WebhookReceiver() as heartbeat,
         Alertmanager(alertmanager_test_config(tmp_path, slack, pagerduty, heartbeat), tmp_path / "am") as am,
-        SnapshotServer(KV_BOUND) as vllm,
-        Kvwatch(["run", "--target", vllm.metrics_url, "--interval", "1"], tmp_path / "kvwatch") as kv,
+        FakeVllm().replay(KV_BOUND) as vllm,
+        Kvwatch(["run", "--target", vllm.url, "--interval", "1"], tmp_path / "kvwatch") as kv,
     ):
         prom_cfg = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "900ms"},
@@ -204,7 +205,7 @@ def test_kv_bound_target_pages_with_diagnosis_inhibits_warnings_and_resolves(tmp
             assert hb.json["commonLabels"]["alertname"] == "Watchdog"
 
             # 3. Recovery: the target goes idle; the page resolves in PagerDuty and Slack says so.
-            vllm.set_files(IDLE)
+            vllm.replay(IDLE)
             t_recover = time.time()
 
             def pd_resolved():
@@ -235,8 +236,8 @@ GAP_TOLERANCE = 0.15
 
 def test_fleet_recording_rules_agree_with_the_sidecar(tmp_path):
     with (
-        SnapshotServer(KV_BOUND) as vllm,
-        Kvwatch(["run", "--target", vllm.metrics_url, "--interval", "1", "--window", "60"], tmp_path / "kvwatch") as kv,
+        FakeVllm().replay(KV_BOUND) as vllm,
+        Kvwatch(["run", "--target", vllm.url, "--interval", "1", "--window", "60"], tmp_path / "kvwatch") as kv,
     ):
         prom_cfg = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "900ms"},

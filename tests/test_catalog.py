@@ -18,7 +18,7 @@ from kvwatch.diagnose import RULES, SENTENCES, Hints, diagnose_engine
 from kvwatch.export import KvwatchCollector
 from kvwatch.state import Target
 from kvwatch.window import Signals
-from tests.upstream import FIXTURES
+from tests.helpers.recordings import FIXTURES
 
 REPO = Path(__file__).resolve().parents[1]
 NAMES = {str(x) for x in (*Bottleneck, *Action)}

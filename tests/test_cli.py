@@ -12,7 +12,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.upstream import FIXTURES, Upstream, free_port
+from tests.helpers.fake_vllm import FakeVllm
+from tests.helpers.ports import free_port
+from tests.helpers.recordings import FIXTURES
 
 KVWATCH = [sys.executable, "-m", "kvwatch"]
 
@@ -60,7 +62,7 @@ async def stop(proc):
 
 
 async def test_run_serves_metrics_diagnosis_and_probes():
-    async with Upstream() as up:
+    async with FakeVllm() as up:
         up.serve_dir("kv_cache")
         up.index = 10
         port = free_port()
@@ -125,7 +127,7 @@ async def test_readyz_does_not_depend_on_vllm():
 
 
 async def test_record_then_replay(tmp_path):
-    async with Upstream() as up:
+    async with FakeVllm() as up:
         up.serve_dir("max_num_seqs")
         up.index = 12
         proc = await start("record", up.url, "--out", str(tmp_path), "--duration", "3", "--interval", "0.5")
@@ -144,7 +146,7 @@ async def test_record_then_replay(tmp_path):
 
 
 async def test_diagnose_live_url():
-    async with Upstream() as up:
+    async with FakeVllm() as up:
         up.serve_dir("token_budget")
         up.index = 11
         proc = await start("diagnose", up.url, "--duration", "3", "--interval", "0.5", "--json")

@@ -17,11 +17,6 @@ ALLOWED = {
     # Speed: the parser's hot loop runs per line of 100k-series bodies, and as one function its state
     # stays in fast locals (see the comment above it in kvwatch/parse.py for the benchmark to run).
     "kvwatch/parse.py:parse": "the parser's hot loop, kept whole for speed",
-    # kvwatch/logs/ is being split on another branch; these go when it merges.
-    "kvwatch/logs/__init__.py:main": "being split on another branch",  # TODO: being split
-    "kvwatch/logs/analyze.py:LogAnalyzer.record": "being split on another branch",  # TODO: being split
-    "kvwatch/logs/analyze.py:LogAnalyzer._notes": "being split on another branch",  # TODO: being split
-    "kvwatch/logs/report.py:render_report": "being split on another branch",  # TODO: being split
 }
 
 

@@ -29,7 +29,8 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.support.prometheus import Kvwatch, Prometheus, wait_for  # noqa: E402
+from tests.helpers.process import wait_for  # noqa: E402
+from tests.helpers.prometheus import Kvwatch, Prometheus  # noqa: E402
 
 import grafana  # noqa: E402  (the package grafana/generate.py runs)
 from grafana import common  # noqa: E402

@@ -4,7 +4,7 @@ import re
 import subprocess
 import sys
 
-from tests.upstream import free_port
+from tests.helpers.ports import free_port
 
 
 def test_demo_plain_shows_at_least_three_bottlenecks():

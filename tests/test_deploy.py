@@ -35,7 +35,8 @@ import pytest
 import yaml
 from kubernetes_validate.utils import latest_version
 
-from tests.support.prometheus import Alertmanager, Kvwatch, WebhookReceiver, find_binary, free_port
+from tests.helpers.ports import free_port
+from tests.helpers.prometheus import Alertmanager, Kvwatch, WebhookReceiver, find_binary
 
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"

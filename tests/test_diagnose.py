@@ -6,12 +6,12 @@ import pytest
 
 from kvwatch.catalog import Action, Bottleneck
 from kvwatch.diagnose import Hints, diagnose_engine
-
-ACTIONS, BOTTLENECKS = list(Action), list(Bottleneck)
 from kvwatch.normalize import CacheConfig
 from kvwatch.state import Target
 from kvwatch.window import Signals
-from tests.upstream import FIXTURES, captures
+from tests.helpers.recordings import FIXTURES, captures, recording
+
+ACTIONS, BOTTLENECKS = list(Action), list(Bottleneck)
 
 # Server flags from tests/fixtures/README.md.
 HINTS = {
@@ -26,10 +26,8 @@ EXPECTED = {"none_prefix_cache": "none", "max_num_seqs_running_dips": "max_num_s
 
 def replay(scenario, hints=Hints()):
     state = Target("fixture", hints=hints)
-    files = sorted((FIXTURES / scenario).glob("*.prom"), key=lambda p: float(p.name[:-5]))
     out = []
-    for f in files:
-        t = float(f.name[:-5])
+    for t, f in recording(FIXTURES / scenario):
         state.observe_body(t, f.read_text())
         out.append(state.diagnose(t))
     return out

@@ -36,7 +36,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.prometheus import free_port, wait_for
+from tests.helpers.ports import free_port
+from tests.helpers.process import Process, ProcessExited
 
 REPO = Path(__file__).resolve().parents[1]
 DOCKERFILE = REPO / "Dockerfile"
@@ -439,23 +440,17 @@ exec setpriv --reuid {uid} --regid {gid} --clear-groups --no-new-privs --inh-cap
     -- {" ".join(shlex.quote(c) for c in command)}
 """
     log = root / "kvwatch.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
+    with log.open("wb") as out:  # kvwatch's output only (no command line: the checks below read it all)
+        proc = Process(
             ["unshare", "--mount", "--propagation", "private", "--pid", "--fork", "--", "/bin/sh", "-c", script],
-            env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-        )
+            env=env, stdout=out, stderr=subprocess.STDOUT,
+        ).start()
     try:
         client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=5, trust_env=False)
-
-        def ready():
-            if proc.poll() is not None:
-                raise AssertionError(f"kvwatch exited {proc.returncode}:\n{log.read_text()[-3000:]}")
-            try:
-                return client.get("/readyz").status_code == 200
-            except httpx.TransportError:
-                return False
-
-        wait_for(ready, timeout=60, what="kvwatch /readyz")
+        try:
+            proc.wait_for_url(f"http://127.0.0.1:{port}/readyz", timeout=60, what="kvwatch /readyz")
+        except ProcessExited:
+            raise AssertionError(f"kvwatch exited {proc.returncode}:\n{log.read_text()[-3000:]}") from None
         assert client.get("/healthz").status_code == 200
         metrics = client.get("/metrics")
         assert metrics.status_code == 200
@@ -474,6 +469,4 @@ exec setpriv --reuid {uid} --regid {gid} --clear-groups --no-new-privs --inh-cap
         assert "Read-only file system" not in text and "PermissionError" not in text, text[-3000:]
         assert "Traceback" not in text, text[-3000:]
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        proc.stop(sig=signal.SIGKILL)

@@ -1,6 +1,6 @@
 """A down, slow, broken or hostile upstream never crashes kvwatch: it reports kvwatch_up 0 and recovers.
 
-The upstream is a real HTTP server on loopback (tests/upstream.py) serving real vLLM captures, with
+The upstream is a real HTTP server on loopback (tests/helpers/fake_vllm.py) serving real vLLM captures, with
 faults injected on demand; kvwatch's Monitor scrapes it exactly as in production.
 """
 
@@ -16,8 +16,8 @@ from kvwatch.app import Monitor
 from kvwatch.config import load_settings
 from kvwatch.export import KvwatchCollector
 from kvwatch.scrape import FetchConfig, Fetcher, ScrapeError
-from tests.upstream import _BOMB as bomb
-from tests.upstream import Upstream, captures
+from tests.helpers.fake_vllm import FakeVllm, bomb
+from tests.helpers.recordings import captures
 
 
 class Clock:
@@ -44,7 +44,7 @@ def value(metrics, name, **labels):
 
 @pytest.fixture
 async def upstream():
-    async with Upstream() as up:
+    async with FakeVllm() as up:
         up.serve_dir("kv_cache")
         up.index = 12  # mid-run: KV-bound
         yield up

@@ -15,6 +15,8 @@ import sys
 import threading
 from pathlib import Path
 
+from tests.helpers.process import Process
+
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm-0.32.0-cpu"
 KV = (FIXTURES / "kv_cache" / "server.log").read_text().splitlines(keepends=True)
 SEQS = (FIXTURES / "max_num_seqs" / "server.log").read_text().splitlines(keepends=True)
@@ -28,10 +30,11 @@ def record_lines(lines):
 class Proc:
     def __init__(self, *args, stdin=None):
         env = {k: v for k, v in os.environ.items() if not k.startswith("KVWATCH_")}
-        self.p = subprocess.Popen(
+        self.proc = Process(
             [sys.executable, "-m", "kvwatch", "logs", *map(str, args)],
             stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True,
-        )
+        ).start()
+        self.p = self.proc.proc
         self.lines: queue.Queue = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()
 
@@ -66,9 +69,7 @@ class Proc:
             raise
 
     def kill(self):
-        if self.p.poll() is None:
-            self.p.kill()
-            self.p.wait()
+        self.proc.stop(sig=signal.SIGKILL)
 
 
 def append(path: Path, lines):

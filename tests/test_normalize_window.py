@@ -8,7 +8,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvwatch.normalize import OVERFLOW, keep_family, normalize
 from kvwatch.parse import parse
 from kvwatch.window import EngineHistory, histogram_quantile, summarize
-from tests.upstream import FIXTURES, captures
+from tests.helpers.recordings import FIXTURES, captures, recording
 
 OLD = FIXTURES.parent / "vllm-old"
 
@@ -52,7 +52,7 @@ def test_every_032_capture_agrees_with_prometheus_client_values():
 
 
 def test_v0_names_without_engine_label():
-    body = sorted((OLD / "v0_0.6").glob("*.prom"))[0].read_text()
+    body = recording(OLD / "v0_0.6")[0][1].read_text()
     (key, s), = snaps_of(body).items()
     assert key == ("meta-llama/Llama-3.1-8B", "0")
     assert s.gauges["kv_cache_usage_ratio"] == 0.97  # from gpu_cache_usage_perc
@@ -63,7 +63,7 @@ def test_v0_names_without_engine_label():
 
 
 def test_v1_010_exports_both_kv_names_and_we_take_one_never_the_sum():
-    body = sorted((OLD / "v1_0.10").glob("*.prom"))[0].read_text()
+    body = recording(OLD / "v1_0.10")[0][1].read_text()
     assert "vllm:gpu_cache_usage_perc" in body and "vllm:kv_cache_usage_perc" in body
     (s,) = snaps_of(body).values()
     assert s.gauges["kv_cache_usage_ratio"] == 0.96
@@ -71,8 +71,8 @@ def test_v1_010_exports_both_kv_names_and_we_take_one_never_the_sum():
 
 
 def test_ray_prefix_is_the_same_as_plain():
-    plain = snaps_of(sorted((OLD / "v1_0.10").glob("*.prom"))[1].read_text())
-    ray = snaps_of(sorted((OLD / "ray").glob("*.prom"))[1].read_text())
+    plain = snaps_of(recording(OLD / "v1_0.10")[1][1].read_text())
+    ray = snaps_of(recording(OLD / "ray")[1][1].read_text())
     (a,), (b,) = plain.values(), ray.values()
     assert a.gauges == b.gauges and a.counters == b.counters and a.cache == b.cache
 

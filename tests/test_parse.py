@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvwatch.normalize import keep_family
 from kvwatch.parse import ParseError, parse
 
-from tests.upstream import FIXTURES
+from tests.helpers.recordings import FIXTURES
 
 ALL_CAPTURES = sorted(FIXTURES.glob("*/*.prom")) + sorted((FIXTURES.parent / "vllm-old").glob("*/*.prom"))
 

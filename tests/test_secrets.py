@@ -13,7 +13,8 @@ import pytest
 
 from kvwatch.config import ConfigError, load_settings
 from kvwatch.redact import REDACTED, SecretFilter, redact_url, scrub, url_secrets
-from tests.upstream import Upstream, free_port
+from tests.helpers.fake_vllm import FakeVllm as Upstream
+from tests.helpers.ports import free_port
 
 PASSWORD, QUERY_TOKEN, BEARER = "hunter2-pw", "s3cr3t-query", "tok-bearer-XYZ"
 

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -22,6 +20,8 @@ import httpx
 import pytest
 
 from kvwatch.sim import SimServer
+from tests.helpers.ports import free_port
+from tests.helpers.process import Process
 
 # preset: (speed, {phase: (expected bottleneck, allowed lag in simulated seconds)})
 CASES = {
@@ -61,41 +61,26 @@ class Observation:
     log: str = ""
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 async def _observe(tmp_path) -> Observation:
     obs = Observation(polls={p: [] for p in CASES})
     sims: dict[str, SimServer] = {}
-    proc = None
+    kv = None
     log_path = tmp_path / "kvwatch.log"
     try:
         # kvwatch first (its targets refuse connections for a moment), then the simulators on the
         # ports it already polls: every state is watched from its first simulated second.
-        ports = {preset: _free_port() for preset in CASES}
-        port = _free_port()
+        ports = {preset: free_port() for preset in CASES}
+        port = free_port()
         args = [sys.executable, "-m", "kvwatch", "run", "--listen", f"127.0.0.1:{port}", "--interval", "1",
                 "--log-level", "warning"]
         for p in ports.values():
             args += ["--target", f"http://127.0.0.1:{p}/metrics"]
         env = {k: v for k, v in os.environ.items() if not k.startswith("KVWATCH_")}
-        with open(log_path, "wb") as logf:
-            proc = subprocess.Popen(args, stdout=logf, stderr=subprocess.STDOUT, env=env)
+        kv = Process(args, log_path, env=env).start()
         base = f"http://127.0.0.1:{port}"
+        # nothing else runs on this loop yet: the simulators start once kvwatch is ready
+        kv.wait_for_url(base + "/readyz", timeout=30, what="kvwatch run to become ready", interval=0.2)
         async with httpx.AsyncClient(timeout=3.0) as client:
-            deadline = time.monotonic() + 30
-            while True:
-                assert proc.poll() is None, f"kvwatch run exited: {log_path.read_text()[-2000:]}"
-                try:
-                    if (await client.get(base + "/readyz")).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                assert time.monotonic() < deadline, "kvwatch run never became ready"
-                await asyncio.sleep(0.2)
             for preset, (speed, _) in CASES.items():
                 sims[preset] = await SimServer(preset, host="127.0.0.1", port=ports[preset], seed=11,
                                                speed=speed).start()
@@ -120,13 +105,8 @@ async def _observe(tmp_path) -> Observation:
                         sig.get("requests_waiting"), sig.get("kv_cache_usage_ratio"),
                         sig.get("preemptions_per_second"), sig.get("engine_step_tokens")))
     finally:
-        if proc is not None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        if kv is not None:
+            kv.stop()
         for s in sims.values():
             await s.stop()
         obs.log = log_path.read_text(errors="replace") if log_path.exists() else ""

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 import random
 import re
-from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -13,8 +12,8 @@ from prometheus_client.utils import floatToGoString
 
 from kvwatch.sim import Simulator, load_scenario, render
 from kvwatch.sim.exposition import float_to_go
+from tests.helpers.recordings import FIXTURES, recording
 
-FIXTURES = Path(__file__).parent / "fixtures" / "vllm-0.32.0-cpu"
 CAPTURE_DIRS = ("kv_cache", "max_num_seqs", "none_prefix_cache", "token_budget")
 PRESETS = ("idle", "healthy", "kv_cache", "max_num_seqs", "token_budget", "stalled", "tour")
 
@@ -46,7 +45,7 @@ def families(text: str) -> dict[str, dict]:
 def real_families() -> dict[str, dict]:
     merged: dict[str, dict] = {}
     for d in CAPTURE_DIRS:
-        for f in sorted((FIXTURES / d).glob("*.prom")):
+        for _, f in recording(FIXTURES / d):
             for name, fam in families(f.read_text()).items():
                 m = merged.setdefault(name, {"type": fam["type"], "help": fam["help"], "labels": {}})
                 assert m["type"] == fam["type"]

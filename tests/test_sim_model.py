@@ -10,15 +10,14 @@ from __future__ import annotations
 import re
 import statistics
 import time
-from pathlib import Path
 
 import pytest
 
 from kvwatch.sim import Simulator, load_scenario, parse_scenario, render
 from kvwatch.sim.engine import Engine, Request
 from kvwatch.sim.scenario import EngineConfig, ScenarioError, StepTime
+from tests.helpers.recordings import FIXTURES, recording
 
-FIXTURES = Path(__file__).parent / "fixtures" / "vllm-0.32.0-cpu"
 _LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{[^}]*\})? (\S+)$", re.M)
 
 
@@ -69,8 +68,7 @@ def timeline(texts: list[tuple[float, str]]) -> list[dict]:
 
 
 def real_timeline(run: str) -> list[dict]:
-    files = sorted((FIXTURES / run).glob("*.prom"), key=lambda p: float(p.stem))
-    return timeline([(float(p.stem), p.read_text()) for p in files])
+    return timeline([(t, p.read_text()) for t, p in recording(FIXTURES / run)])
 
 
 def sim_timeline(scenario, seconds: int, seed: int = 1, engines: int | None = None) -> list[dict]:

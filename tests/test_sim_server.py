@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvwatch.sim import SimServer, list_presets
 from kvwatch.sim.cli import main as sim_main
+from tests.helpers.process import Process
 
 
 def _gauge(text: str, name: str) -> list[float]:
@@ -126,15 +127,15 @@ async def test_scenario_file_is_served(tmp_path):
 # --------------------------------------------------------------------------- the command line
 
 
-def _start_cli(*args: str) -> tuple[subprocess.Popen, str]:
+def _start_cli(*args: str) -> tuple[Process, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVWATCH_")}
-    proc = subprocess.Popen([sys.executable, "-m", "kvwatch", "sim", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
-    line = proc.stdout.readline()
+    proc = Process([sys.executable, "-m", "kvwatch", "sim", *args], stdout=subprocess.PIPE,
+                   stderr=subprocess.PIPE, text=True, env=env).start()
+    line = proc.proc.stdout.readline()
     m = re.search(r"(http://\S+/metrics)", line)
     if not m:
-        proc.kill()
-        out, err = proc.communicate()
+        proc.stop(sig=signal.SIGKILL)
+        out, err = proc.proc.communicate()
         raise AssertionError(f"no banner: {line!r} {out!r} {err!r}")
     return proc, m.group(1)
 
@@ -151,13 +152,11 @@ def test_cli_serves_until_sigterm_and_exits_zero():
             time.sleep(0.2)
         assert _gauge(text, "vllm:num_requests_running")[0] in (0.0, 2.0)
         assert 'kv_cache_size_tokens="32768"' in text
-        proc.send_signal(signal.SIGTERM)
+        proc.proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=15) == 0
-        assert "phase max_num_seqs" in proc.stdout.read()
+        assert "phase max_num_seqs" in proc.proc.stdout.read()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        proc.stop()
 
 
 def test_cli_duration_ends_it():
@@ -166,9 +165,7 @@ def test_cli_duration_ends_it():
         assert httpx.get(url, timeout=5).status_code == 200
         assert proc.wait(timeout=20) == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        proc.stop()
 
 
 @pytest.mark.parametrize("args, named", [

@@ -12,8 +12,6 @@ import json
 import math
 import os
 import random
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +22,9 @@ from typing import Iterable
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.helpers.ports import free_port
+from tests.helpers.process import Process
+
 REPO = Path(__file__).resolve().parents[2]
 E2E_DIR = Path(__file__).resolve().parent
 ARTIFACTS = REPO / "artifacts" / "e2e"
@@ -32,12 +33,6 @@ HOST = "127.0.0.1"
 
 #: flags every server gets (the CPU attention backend needs a block size that is a multiple of 32)
 BASE_SERVER_ARGS = ["--load-format", "dummy", "--dtype", "bfloat16", "--block-size", "32"]
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
 
 
 def log(msg: str) -> None:
@@ -54,84 +49,6 @@ def tail(path: Path, n: int = 40) -> str:
 # --------------------------------------------------------------------------------------------- processes
 
 
-class ManagedProcess:
-    """A child process in its own process group, logging to a file; stop() kills the whole group."""
-
-    def __init__(self, argv: list[str], log_path: Path, env: dict[str, str] | None = None,
-                 cwd: Path | None = None):
-        self.argv = argv
-        self.log_path = log_path
-        self.env = env
-        self.cwd = cwd
-        self.proc: subprocess.Popen | None = None
-        self._log = None
-
-    def start(self) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(self.log_path, "ab")
-        self._log.write(f"\n### start {time.time():.3f}: {' '.join(self.argv)}\n".encode())
-        self._log.flush()
-        self.proc = subprocess.Popen(
-            self.argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env=self.env, cwd=self.cwd, start_new_session=True,
-        )
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def stop(self, grace: float = 15.0, sig: int = signal.SIGTERM) -> int | None:
-        """Signal the whole process group, wait up to ``grace`` s, then SIGKILL the group."""
-        if self.proc is None:
-            return None
-        pgid = self.proc.pid  # start_new_session: the child leads its own group
-        # signal the leader only: vLLM's API server then shuts its engine core and workers down in order
-        # (SIGKILL, used to simulate a crash, goes to the whole group at once)
-        try:
-            if sig == signal.SIGKILL:
-                os.killpg(pgid, sig)
-            else:
-                self.proc.send_signal(sig)
-        except ProcessLookupError:
-            pass
-        try:
-            self.proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            pass
-        # children (vLLM's engine core and workers) may outlive the leader: always sweep the group
-        deadline = time.monotonic() + grace
-        while _group_alive(pgid) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
-        while _group_alive(pgid) and time.monotonic() < deadline + 10:
-            time.sleep(0.2)
-        if self._log:
-            self._log.close()
-            self._log = None
-        return self.proc.returncode
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-
-
 def vllm_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "PYTHONPATH"))}
     env.update(
@@ -146,8 +63,10 @@ def vllm_env() -> dict[str, str]:
     return env
 
 
-class VllmServer(ManagedProcess):
+class VllmServer(Process):
     """``python -m vllm.entrypoints.openai.api_server`` on a free loopback port, with the tiny dummy model."""
+
+    name = "vLLM"
 
     def __init__(self, python: str, model_dir: Path, args: list[str], log_path: Path,
                  port: int | None = None):
@@ -184,26 +103,11 @@ class VllmServer(ManagedProcess):
         t0 = time.monotonic()
         log(f"starting vLLM on :{self.port} with {' '.join(self.args)}")
         self.start()
-        deadline = t0 + timeout
-        with httpx.Client(timeout=2.0) as client:
-            while True:
-                if not self.running():
-                    raise RuntimeError(
-                        f"vLLM exited with status {self.proc.returncode} during start-up; "
-                        f"log {self.log_path}:\n{tail(self.log_path)}"
-                    )
-                try:
-                    if client.get(f"{self.base_url}/health").status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError(
-                        f"vLLM did not become healthy within {timeout:.0f} s; log {self.log_path}:\n"
-                        f"{tail(self.log_path)}"
-                    )
-                time.sleep(0.5)
+        try:
+            self.wait_for_url(f"{self.base_url}/health", timeout=timeout, what="vLLM healthy", interval=0.5)
+        except TimeoutError:
+            self.stop()
+            raise
         took = time.monotonic() - t0
         self.startup_seconds.append(took)
         log(f"vLLM healthy on :{self.port} after {took:.1f} s")
@@ -223,8 +127,10 @@ def project_env() -> dict[str, str]:
     return env
 
 
-class Kvwatch(ManagedProcess):
+class Kvwatch(Process):
     """``python -m kvwatch run --target URL --listen 127.0.0.1:PORT --interval 1 [hints]`` — as in production."""
+
+    name = "kvwatch run"
 
     def __init__(self, target: str, log_path: Path, extra: Iterable[str] = ()):
         self.port = free_port()
@@ -240,22 +146,10 @@ class Kvwatch(ManagedProcess):
 
     def start_and_wait(self, timeout: float = 30.0) -> None:
         self.start()
-        deadline = time.monotonic() + timeout
-        with httpx.Client(timeout=2.0) as client:
-            while True:
-                if not self.running():
-                    raise RuntimeError(f"kvwatch run exited with {self.proc.returncode}:\n{tail(self.log_path)}")
-                try:
-                    if client.get(f"{self.url}/readyz").status_code == 200:
-                        return
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"kvwatch not ready within {timeout} s:\n{tail(self.log_path)}")
-                time.sleep(0.2)
+        self.wait_for_url(f"{self.url}/readyz", timeout=timeout, what="kvwatch ready", interval=0.2)
 
 
-class Recorder(ManagedProcess):
+class Recorder(Process):
     """``python -m kvwatch record URL --out DIR --duration S``: the scenario's recording, kept as an artefact."""
 
     def __init__(self, target: str, out_dir: Path, duration: float, log_path: Path):
@@ -273,9 +167,6 @@ class Recorder(ManagedProcess):
         except subprocess.TimeoutExpired:
             log("kvwatch record outlived its --duration; stopping it")
             self.stop(grace=5)
-        if self._log:
-            self._log.close()
-            self._log = None
         return self.proc.returncode
 
     def files(self) -> list[Path]:
@@ -461,7 +352,7 @@ class Observer:
             argv += ["--vllm", vllm_metrics_url]
         out.unlink(missing_ok=True)
         self.out = out
-        self.proc = ManagedProcess(argv, out.with_suffix(".observer.log"), env=project_env(), cwd=REPO)
+        self.proc = Process(argv, out.with_suffix(".observer.log"), env=project_env(), cwd=REPO)
         self._samples: list[Sample] = []
         self._read = 0  # bytes of ``out`` already parsed
         self._stop = asyncio.Event()

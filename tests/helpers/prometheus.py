@@ -1,13 +1,12 @@
 """Run the real Prometheus, Alertmanager and kvwatch as subprocesses on free loopback ports.
 
-Shared by the alert tests and the dashboard tests. Synchronous and small; every process runs in its own
-session, logs to a file in its work dir, and is killed (process group) on ``stop()`` / context exit, and at
-interpreter exit as a last resort. Missing binaries raise ``BinaryMissing`` (the tests *fail*: CI installs
-them with ``.ci/install-tools.sh``).
+Shared by the alert, dashboard and deploy tests. Synchronous and small; each server is a ``Process``
+(tests/helpers/process.py: its own session, stopped and reaped on ``stop()`` / context exit, and at
+interpreter exit as a last resort) logging to a file in its work dir. Missing binaries raise
+``BinaryMissing`` (the tests *fail*: CI installs them with ``.ci/install-tools.sh``).
 
 API::
 
-    free_port() -> int                          # a free TCP port on 127.0.0.1
     find_binary("promtool") -> str              # absolute path or BinaryMissing
                                                 # ("alertmanager" also finds Debian's "prometheus-alertmanager")
 
@@ -42,17 +41,12 @@ for slow CI machines, not assertions about speed.
 
 from __future__ import annotations
 
-import atexit
 import json
 import os
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import threading
 import time
-import weakref
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -60,6 +54,9 @@ from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
 
 import httpx
 import yaml
+
+from tests.helpers.ports import free_port
+from tests.helpers.process import Process, ProcessExited, wait_for
 
 __all__ = [
     "Alertmanager",
@@ -70,15 +67,12 @@ __all__ = [
     "Received",
     "WebhookReceiver",
     "find_binary",
-    "free_port",
-    "wait_for",
 ]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
 
 _ALIASES = {"alertmanager": ("alertmanager", "prometheus-alertmanager")}
-_LIVE: "weakref.WeakSet[ManagedProcess]" = weakref.WeakSet()
 
 
 class BinaryMissing(RuntimeError):
@@ -94,42 +88,9 @@ def find_binary(name: str) -> str:
     raise BinaryMissing(f"{name!r} not found on PATH; install it with `bash .ci/install-tools.sh` (as root)")
 
 
-def free_port() -> int:
-    """A TCP port that was free on 127.0.0.1 a moment ago (the kernel picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for(predicate: Callable[[], T], timeout: float = 60.0, what: str = "condition",
-             interval: float = 0.25, on_timeout: Callable[[], str] | None = None) -> T:
-    """Poll ``predicate`` until it returns a truthy value (returned). Exceptions count as "not yet"."""
-    deadline = time.monotonic() + timeout
-    last_exc: BaseException | None = None
-    while True:
-        try:
-            result = predicate()
-            if result:
-                return result
-        except Exception as exc:  # noqa: BLE001 - polling: report the last one on timeout
-            last_exc = exc
-        if time.monotonic() >= deadline:
-            detail = f" (last error: {last_exc!r})" if last_exc else ""
-            extra = f"\n{on_timeout()}" if on_timeout else ""
-            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}{detail}{extra}")
-        time.sleep(interval)
-
-
-def _cleanup_all() -> None:
-    for proc in list(_LIVE):
-        proc.stop()
-
-
-atexit.register(_cleanup_all)
-
-
-class ManagedProcess:
-    """A subprocess on a free port, started in its own session, readiness-polled over HTTP."""
+class ManagedProcess(Process):
+    """A server on a free port: a ``Process`` (tests/helpers/process.py) whose command names the port, in
+    ``workdir``, logging to ``workdir/<name>.log``; ready when ``ready_path`` answers 200."""
 
     name = "process"
     ready_path = "/-/ready"
@@ -140,9 +101,8 @@ class ManagedProcess:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.env = dict(env) if env is not None else None
         self.port = 0
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.log_path = self.workdir / f"{self.name}.log"
         self._http = httpx.Client(timeout=10.0, trust_env=False)
+        super().__init__(log_path=self.workdir / f"{self.name}.log", cwd=self.workdir, env=self.env)
 
     # -- to override ---------------------------------------------------------------------------
     def command(self, port: int) -> list[str]:
@@ -157,71 +117,27 @@ class ManagedProcess:
         """Start on a free port and wait until ``ready_path`` answers 200. Retries if the port was taken."""
         for attempt in range(3):
             self.port = free_port()
-            cmd = self.command(self.port)
-            with open(self.log_path, "ab") as log:
-                log.write(f"\n$ {' '.join(cmd)}\n".encode())
-                log.flush()
-                self.proc = subprocess.Popen(
-                    cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                    cwd=self.workdir, env=self.env, start_new_session=True,
-                )
-            _LIVE.add(self)
+            self.argv = self.command(self.port)
+            super().start()
             try:
-                wait_for(self._ready, timeout=self.start_timeout, what=f"{self.name} ready on {self.url}",
-                         on_timeout=self.log_tail)
+                self.wait_for_url(self.url + self.ready_path, timeout=self.start_timeout,
+                                  what=f"{self.name} ready on {self.url}")
                 return self
-            except (TimeoutError, RuntimeError):
-                exited = self.proc.poll() is not None
+            except (TimeoutError, ProcessExited):
+                exited = not self.running()
                 self.stop()
                 if exited and "address already in use" in self.log_tail().lower() and attempt < 2:
                     continue
                 raise
         raise AssertionError("unreachable")
 
-    def _ready(self) -> bool:
-        if self.proc is not None and self.proc.poll() is not None:
-            raise RuntimeError(f"{self.name} exited with status {self.proc.returncode}:\n{self.log_tail()}")
-        try:
-            return self._http.get(self.url + self.ready_path, timeout=2.0).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """SIGTERM the process group, SIGKILL after ``timeout``. Safe to call twice."""
-        proc, self.proc = self.proc, None
-        _LIVE.discard(self)
-        if proc is None or proc.poll() is not None:
-            return
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait(5)
-
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def log_tail(self, lines: int = 40) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-        return f"--- last lines of {self.log_path} ---\n" + "\n".join(text.splitlines()[-lines:])
-
     def get(self, path: str, **params: Any) -> str:
         resp = self._http.get(self.url + path, params=params or None)
         resp.raise_for_status()
         return resp.text
 
-    def __enter__(self):
-        return self.start()
+    def wait_for(self, predicate: Callable[[], T], timeout: float = 60.0, what: str = "condition") -> T:
+        return wait_for(predicate, timeout, what, on_timeout=self.log_tail)
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
@@ -295,8 +211,6 @@ class Prometheus(ManagedProcess):
     def reload(self) -> None:
         self._http.post(self.url + "/-/reload").raise_for_status()
 
-    def wait_for(self, predicate: Callable[[], T], timeout: float = 60.0, what: str = "condition") -> T:
-        return wait_for(predicate, timeout, what, on_timeout=self.log_tail)
 
 
 class Alertmanager(ManagedProcess):
@@ -332,8 +246,6 @@ class Alertmanager(ManagedProcess):
         resp.raise_for_status()
         return resp.json()
 
-    def wait_for(self, predicate: Callable[[], T], timeout: float = 60.0, what: str = "condition") -> T:
-        return wait_for(predicate, timeout, what, on_timeout=self.log_tail)
 
 
 class Kvwatch(ManagedProcess):
