@@ -28,35 +28,47 @@ __all__ = [
 class Bottleneck(StrEnum):
     """Which limit binds an engine, least to most severe: a target's bottleneck is its worst engine's."""
 
-    label: str
-    colour: str  # Grafana colour name of the state in every dashboard
-    meaning: str
-
-    def __new__(cls, value: str, label: str, colour: str, meaning: str) -> Bottleneck:
-        obj = str.__new__(cls, value)
-        obj._value_ = value
-        obj.label, obj.colour, obj.meaning = label, colour, meaning
-        return obj
-
-    IDLE = "idle", "idle", "text", "nothing running or waiting"
-    NONE = "none", "serving, no queue", "green", "serving, no queue building"
-    TOKEN_BUDGET = (
-        "token_budget", "token budget", "yellow",
-        "prefill pinned at the per-step token budget, KV and sequence room to spare",
-    )
-    MAX_NUM_SEQS = "max_num_seqs", "max_num_seqs", "orange", "running pinned at the sequence ceiling with KV room to spare"
-    KV_CACHE = (
-        "kv_cache", "KV cache", "red",
-        "requests wait because free KV blocks cannot hold the next prefill: high KV usage, the throughput gap, preemptions",
-    )
-    UNREACHABLE = "unreachable", "unreachable", "purple", "no successful scrape in the window"
-    STALLED = "stalled", "stalled", "dark-red", "requests present, no token progress"
+    IDLE = "idle"
+    NONE = "none"
+    TOKEN_BUDGET = "token_budget"
+    MAX_NUM_SEQS = "max_num_seqs"
+    KV_CACHE = "kv_cache"
+    UNREACHABLE = "unreachable"
+    STALLED = "stalled"
 
     @property
     def severity(self) -> int:
         return _SEVERITY[self]
 
+    @property
+    def label(self) -> str:
+        return _BOTTLENECK_INFO[self][0]
 
+    @property
+    def colour(self) -> str:
+        """Grafana colour name of the state in every dashboard."""
+        return _BOTTLENECK_INFO[self][1]
+
+    @property
+    def meaning(self) -> str:
+        return _BOTTLENECK_INFO[self][2]
+
+
+# (label, colour, meaning) of each bottleneck
+_BOTTLENECK_INFO: dict[Bottleneck, tuple[str, str, str]] = {
+    Bottleneck.IDLE: ("idle", "text", "nothing running or waiting"),
+    Bottleneck.NONE: ("serving, no queue", "green", "serving, no queue building"),
+    Bottleneck.TOKEN_BUDGET: (
+        "token budget", "yellow", "prefill pinned at the per-step token budget, KV and sequence room to spare",
+    ),
+    Bottleneck.MAX_NUM_SEQS: ("max_num_seqs", "orange", "running pinned at the sequence ceiling with KV room to spare"),
+    Bottleneck.KV_CACHE: (
+        "KV cache", "red",
+        "requests wait because free KV blocks cannot hold the next prefill: high KV usage, the throughput gap, preemptions",
+    ),
+    Bottleneck.UNREACHABLE: ("unreachable", "purple", "no successful scrape in the window"),
+    Bottleneck.STALLED: ("stalled", "dark-red", "requests present, no token progress"),
+}
 _SEVERITY = {b: i for i, b in enumerate(Bottleneck)}
 
 
@@ -67,45 +79,56 @@ def most_severe(bottlenecks) -> Bottleneck:
 class Action(StrEnum):
     """What to change, cheapest first: recommendations are listed in this order."""
 
-    flag: str  # the vLLM flag (or operation) the action is about
-    meaning: str
+    FP8_KV_CACHE = "fp8_kv_cache"
+    ENABLE_PREFIX_CACHING = "enable_prefix_caching"
+    REDUCE_MAX_MODEL_LEN = "reduce_max_model_len"
+    RAISE_GPU_MEMORY_UTILIZATION = "raise_gpu_memory_utilization"
+    RAISE_MAX_NUM_SEQS = "raise_max_num_seqs"
+    LOWER_MAX_NUM_SEQS = "lower_max_num_seqs"
+    RAISE_MAX_NUM_BATCHED_TOKENS = "raise_max_num_batched_tokens"
+    ADD_REPLICA = "add_replica"
+    RESTART_ENGINE = "restart_engine"
 
-    def __new__(cls, value: str, flag: str, meaning: str) -> Action:
-        obj = str.__new__(cls, value)
-        obj._value_ = value
-        obj.flag, obj.meaning = flag, meaning
-        return obj
+    @property
+    def flag(self) -> str:
+        """The vLLM flag (or operation) the action is about."""
+        return _ACTION_INFO[self][0]
 
-    FP8_KV_CACHE = "fp8_kv_cache", "--kv-cache-dtype fp8", "halve the bytes per cached token"
-    ENABLE_PREFIX_CACHING = "enable_prefix_caching", "--enable-prefix-caching", "store shared prompt prefixes once"
-    REDUCE_MAX_MODEL_LEN = "reduce_max_model_len", "--max-model-len", "stop a few long requests holding most of the KV cache"
-    RAISE_GPU_MEMORY_UTILIZATION = (
-        "raise_gpu_memory_utilization", "--gpu-memory-utilization", "give the KV cache more of the device memory",
-    )
-    RAISE_MAX_NUM_SEQS = "raise_max_num_seqs", "--max-num-seqs", "more sequences per step when KV has room"
-    LOWER_MAX_NUM_SEQS = "lower_max_num_seqs", "--max-num-seqs", "fewer sequences, so each has room to grow (no preemption)"
-    RAISE_MAX_NUM_BATCHED_TOKENS = (
-        "raise_max_num_batched_tokens", "--max-num-batched-tokens", "a larger per-step budget admits prefills faster",
-    )
-    ADD_REPLICA = "add_replica", "replicas", "another engine: more KV cache and compute, another GPU"
-    RESTART_ENGINE = "restart_engine", "restart", "the engine makes no progress although it has work"
+    @property
+    def meaning(self) -> str:
+        return _ACTION_INFO[self][1]
+
+
+_ACTION_INFO: dict[Action, tuple[str, str]] = {
+    Action.FP8_KV_CACHE: ("--kv-cache-dtype fp8", "halve the bytes per cached token"),
+    Action.ENABLE_PREFIX_CACHING: ("--enable-prefix-caching", "store shared prompt prefixes once"),
+    Action.REDUCE_MAX_MODEL_LEN: ("--max-model-len", "stop a few long requests holding most of the KV cache"),
+    Action.RAISE_GPU_MEMORY_UTILIZATION: ("--gpu-memory-utilization", "give the KV cache more of the device memory"),
+    Action.RAISE_MAX_NUM_SEQS: ("--max-num-seqs", "more sequences per step when KV has room"),
+    Action.LOWER_MAX_NUM_SEQS: ("--max-num-seqs", "fewer sequences, so each has room to grow (no preemption)"),
+    Action.RAISE_MAX_NUM_BATCHED_TOKENS: ("--max-num-batched-tokens", "a larger per-step budget admits prefills faster"),
+    Action.ADD_REPLICA: ("replicas", "another engine: more KV cache and compute, another GPU"),
+    Action.RESTART_ENGINE: ("restart", "the engine makes no progress although it has work"),
+}
 
 
 class KvPressure(StrEnum):
     """KV usage against the two thresholds (``kvwatch_kv_cache_pressure``), least to most severe."""
 
-    label: str
-    colour: str
+    OK = "ok"
+    ADMISSION_STALL = "admission_stall"
+    PREEMPTION_RISK = "preemption_risk"
 
-    def __new__(cls, value: str, label: str, colour: str) -> KvPressure:
-        obj = str.__new__(cls, value)
-        obj._value_ = value
-        obj.label, obj.colour = label, colour
-        return obj
+    @property
+    def label(self) -> str:
+        return self.value.replace("_", " ")
 
-    OK = "ok", "ok", "green"
-    ADMISSION_STALL = "admission_stall", "admission stall", "orange"
-    PREEMPTION_RISK = "preemption_risk", "preemption risk", "red"
+    @property
+    def colour(self) -> str:
+        return _PRESSURE_COLOUR[self]
+
+
+_PRESSURE_COLOUR = {KvPressure.OK: "green", KvPressure.ADMISSION_STALL: "orange", KvPressure.PREEMPTION_RISK: "red"}
 
 
 class Source(StrEnum):
