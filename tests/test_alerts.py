@@ -59,12 +59,14 @@ def recording_rules() -> list[dict]:
 # -- promtool ------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_promtool_check_rules():
     proc = run(tool("promtool"), "check", "rules", *map(str, RULE_FILES))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "SUCCESS: 15 rules found" in proc.stdout, proc.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("test_file", ["kvwatch-alerts.test.yaml", "kvwatch-rules.test.yaml"])
 def test_promtool_unit_tests(test_file):
     proc = run(tool("promtool"), "test", "rules", test_file, cwd=ALERTS / "tests")
@@ -202,12 +204,14 @@ def test_runbooks_order_fixes_by_cost_with_trade_offs():
 # -- Alertmanager ----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_amtool_check_config():
     proc = run(tool("amtool"), "check-config", str(AM_CONFIG))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "SUCCESS" in proc.stdout and "1 templates" in proc.stdout, proc.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("labels", "receiver"),
     [

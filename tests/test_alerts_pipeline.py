@@ -28,7 +28,7 @@ from tests.helpers.fake_vllm import FakeVllm
 from tests.helpers.prometheus import Alertmanager, Kvwatch, Prometheus, WebhookReceiver
 from tests.helpers.recordings import recording
 
-pytestmark = pytest.mark.pipeline
+pytestmark = [pytest.mark.pipeline, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[1]
 ALERTS = REPO / "alerts"

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # runs the benchmark (real processes pinned to cores)
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -61,6 +61,7 @@ async def stop(proc):
     return proc.returncode
 
 
+@pytest.mark.slow
 async def test_run_serves_metrics_diagnosis_and_probes():
     async with FakeVllm() as up:
         up.serve_dir("kv_cache")
@@ -109,6 +110,7 @@ async def test_run_serves_metrics_diagnosis_and_probes():
         assert up.requests >= 3 and "HTTP Request:" not in log, log[-2000:]
 
 
+@pytest.mark.slow
 async def test_readyz_does_not_depend_on_vllm():
     port = free_port()
     dead = f"http://127.0.0.1:{free_port()}/metrics"
@@ -126,6 +128,7 @@ async def test_readyz_does_not_depend_on_vllm():
         assert await stop(proc) == 0
 
 
+@pytest.mark.slow
 async def test_record_then_replay(tmp_path):
     async with FakeVllm() as up:
         up.serve_dir("max_num_seqs")
@@ -145,6 +148,7 @@ async def test_record_then_replay(tmp_path):
     assert doc["summary"]["worst"]["bottleneck"] == "max_num_seqs"
 
 
+@pytest.mark.slow
 async def test_diagnose_live_url():
     async with FakeVllm() as up:
         up.serve_dir("token_budget")

@@ -271,6 +271,7 @@ def test_query_parses_after_substitution(name, panel, target):
     parse(common.substitute(target["expr"], PARSE_VALUES | {k: ".*" for k in SCOPE_VARIABLES}))
 
 
+@pytest.mark.slow
 def test_promtool_accepts_every_query_as_a_rule(tmp_path):
     """Prometheus' own parser (promtool) agrees with promql-parser: every substituted query checks as a rule."""
     promtool = shutil.which("promtool")

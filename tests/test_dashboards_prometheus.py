@@ -35,7 +35,7 @@ from tests.helpers.prometheus import Kvwatch, Prometheus  # noqa: E402
 import grafana  # noqa: E402  (the package grafana/generate.py runs)
 from grafana import common  # noqa: E402
 
-pytestmark = [pytest.mark.pipeline, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.pipeline, pytest.mark.slow, pytest.mark.timeout(900)]
 
 SCRAPE_INTERVAL = 1  # seconds, Prometheus scrape and rule evaluation
 STEP = 2  # seconds, range-query resolution (what a ~150 px wide panel asks for over a few minutes)

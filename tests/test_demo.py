@@ -4,9 +4,12 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from tests.helpers.ports import free_port
 
 
+@pytest.mark.slow
 def test_demo_plain_shows_at_least_three_bottlenecks():
     port = free_port()
     r = subprocess.run(

@@ -464,6 +464,7 @@ def test_ports_env_names_and_image_match_kvwatch():
     assert ep["port"] == p["name"] and ep["path"] == "/metrics"
 
 
+@pytest.mark.slow
 def test_kvwatch_runs_with_the_manifest_env_and_answers_the_probes(tmp_path):
     """The real kvwatch, given exactly the sidecar's env (ConfigMap values resolved), accepts every setting
     and serves the probe paths with 200 while its vLLM target is unreachable."""
@@ -679,6 +680,7 @@ def test_alertmanager_config_has_no_inline_credentials():
     assert seen == keys, "every key file is used, every used file is in the Secret"
 
 
+@pytest.mark.slow
 def test_alertmanager_config_checks_and_routes_by_severity(tmp_path):
     config = tmp_path / "alertmanager.yaml"
     config.write_bytes(_alertmanager_secrets()["kvwatch-alertmanager-config"]["alertmanager.yaml"])
@@ -699,6 +701,7 @@ def test_alertmanager_config_checks_and_routes_by_severity(tmp_path):
         assert out.stdout.strip() == receiver, (labels, out.stdout)
 
 
+@pytest.mark.slow
 def test_alertmanager_reads_receiver_keys_from_the_mounted_secret(tmp_path):
     """A real Alertmanager with the rendered config; the receivers Secret laid out as the Prometheus Operator
     mounts it (one file per key); the keys point at a local stand-in for Slack and PagerDuty."""

@@ -379,6 +379,7 @@ def built(tmp_path_factory):
         shutil.rmtree(root, ignore_errors=True)
 
 
+@pytest.mark.slow
 def test_build_steps_produce_a_compiled_venv_without_pip(built):
     _, venv = built
     help_out = subprocess.run([venv / "bin" / "kvwatch", "--help"], capture_output=True, text=True)
@@ -412,6 +413,7 @@ def _child_pid(pid: int) -> int | None:
     return int(children[0]) if children else None
 
 
+@pytest.mark.slow
 def test_image_runs_as_65532_on_a_read_only_root_with_a_tmpfs(built):
     root, venv = built
     uid, gid = FINAL.all("USER")[-1].args.split(":")

@@ -23,6 +23,8 @@ from kvwatch.sim import SimServer
 from tests.helpers.ports import free_port
 from tests.helpers.process import Process
 
+pytestmark = pytest.mark.slow  # real time: one kvwatch process and seven simulators for two minutes
+
 # preset: (speed, {phase: (expected bottleneck, allowed lag in simulated seconds)})
 CASES = {
     "idle": (1.0, {"idle": ("idle", 6.0)}),

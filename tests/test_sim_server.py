@@ -140,6 +140,7 @@ def _start_cli(*args: str) -> tuple[Process, str]:
     return proc, m.group(1)
 
 
+@pytest.mark.slow
 def test_cli_serves_until_sigterm_and_exits_zero():
     proc, url = _start_cli("--scenario", "max_num_seqs", "--port", "0", "--seed", "3", "--speed", "2")
     try:
@@ -159,6 +160,7 @@ def test_cli_serves_until_sigterm_and_exits_zero():
         proc.stop()
 
 
+@pytest.mark.slow
 def test_cli_duration_ends_it():
     proc, url = _start_cli("--scenario", "idle", "--port", "0", "--duration", "1")
     try:
