@@ -69,6 +69,7 @@ async def _wait(pred, what: str, timeout: float = 60.0):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 async def test_no_secret_in_any_output_through_success_failure_and_reconnect(tmp_path):
     token_file = tmp_path / "token"
@@ -120,6 +121,7 @@ async def test_no_secret_in_any_output_through_success_failure_and_reconnect(tmp
     assert any(label in p for p in pages[-3:-1])  # the landing page and the JSON name the redacted target
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 async def test_no_secret_in_diagnose_and_record_output(tmp_path):
     async with Upstream() as up:
