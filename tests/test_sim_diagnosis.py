@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from kvwatch.sim import SimServer
-from tests.helpers.ports import free_port
+from tests.helpers.ports import free_ports
 from tests.helpers.process import Process
 
 pytestmark = pytest.mark.slow  # real time: one kvwatch process and seven simulators for two minutes
@@ -71,8 +71,8 @@ async def _observe(tmp_path) -> Observation:
     try:
         # kvwatch first (its targets refuse connections for a moment), then the simulators on the
         # ports it already polls: every state is watched from its first simulated second.
-        ports = {preset: free_port() for preset in CASES}
-        port = free_port()
+        port, *preset_ports = free_ports(len(CASES) + 1)  # all different (a serial run once drew one twice)
+        ports = dict(zip(CASES, preset_ports, strict=True))
         args = [sys.executable, "-m", "kvwatch", "run", "--listen", f"127.0.0.1:{port}", "--interval", "1",
                 "--log-level", "warning"]
         for p in ports.values():

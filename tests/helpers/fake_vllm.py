@@ -158,7 +158,9 @@ class FakeVllm:
         """Listen (again, on the same port after a ``stop``)."""
         app = web.Application()
         app.router.add_get("/metrics", self.handle)
-        self._runner = web.AppRunner(app, access_log=None)
+        # Going down cancels a handler still sleeping in "slow" mode (its client gave up long ago) instead of
+        # waiting out the delay: a test's teardown no longer sits through the rest of those 5 s.
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
         await self._runner.setup()
         await web.TCPSite(self._runner, self.host, self.port).start()
         self.port = self._runner.addresses[0][1]
