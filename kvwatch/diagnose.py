@@ -154,6 +154,14 @@ SENTENCES: dict[str, str] = {
     ),
     "brief_wait": "{waiting!n} request waiting briefly; no limit binding",
     "queue_just_formed": "{waiting!n} waiting with {running!n} running: a queue has just formed, no limit named yet",
+    "no_step_ended": (
+        "{waiting!n} waiting with {running!n} running and no engine step finished in the last {span:.0f} s "
+        "(a long prefill reports nothing until it completes): no limit named yet"
+    ),
+    "steps_nearly_full": (
+        "{waiting!n} waiting with {running!n} running; engine steps average {step!n} tokens, within one step's "
+        "{step_max!n} over {steps:.0f} steps of the {full!n} that mean a binding token budget: no limit named yet"
+    ),
     "inferred_ceiling": (
         "{waiting!n} requests waiting while Running peaked at {ceiling} ({at_max} of {samples} samples with a queue "
         "in the last {span:.0f} s): inferred max_num_seqs={ceiling} (no hint given)"
@@ -246,13 +254,7 @@ def full_steps(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
     """Steps full of prefill tokens: near the configured budget, or without it far above what decoding
     alone needs (about one token per running request)."""
     step, budget = s.throughput.engine_step_tokens, hints.max_num_batched_tokens
-    if step is None:
-        return None
-    if budget:
-        full = step >= th.full_step_budget_share * budget
-    else:
-        full = step >= max(th.min_prefill_step_tokens, th.prefill_tokens_per_running * max(s.queue.running_mean or 0.0, 1.0))
-    if not full:
+    if step is None or step < _full_step(s, hints, th):
         return None
     inferred = None if budget else (_pow2(step), Source.INFERRED)
     source = f"max_num_batched_tokens={budget}" if budget else f"an inferred budget of ~{_pow2(step)}"
@@ -309,6 +311,31 @@ def queue_just_formed(s: Signals, hints: Hints, th: Thresholds) -> Verdict | Non
     return Verdict(Bottleneck.NONE, [("queue_just_formed", {"waiting": _waiting(s), "running": _running(s)})])
 
 
+def no_step_ended(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
+    """vLLM's step histogram saw no step end in the window: a long prompt's chunked prefill emits nothing until
+    its last chunk (vLLM 0.32 scheduler.update_from_output: no partial prefill outputs), so the token budget
+    cannot be ruled out, and Running then reads the few requests in prefill, not a ceiling."""
+    if s.throughput.steps_per_second != 0.0:
+        return None
+    fact = ("no_step_ended", {"waiting": _waiting(s), "running": _running(s), "span": s.span_seconds})
+    return Verdict(Bottleneck.NONE, [fact])
+
+
+def steps_nearly_full(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
+    """vLLM counts a prompt whole in the step its prefill completes, so the window's mean is off by up to one
+    step's worth / the steps in it: 1800-token prompts, a 256-token budget, 27 steps in the window (a slow
+    machine) read 175 tokens per step. Not full by ``full_steps``, but not ruled out either."""
+    th_ = s.throughput
+    step, step_max = th_.engine_step_tokens, th_.step_tokens_max
+    steps = (th_.steps_per_second or 0.0) * s.span_seconds
+    full = _full_step(s, hints, th)
+    if step is None or not step_max or steps <= 0 or step + step_max / steps < full:
+        return None
+    fact = ("steps_nearly_full", {"waiting": _waiting(s), "running": _running(s), "step": step, "step_max": step_max,
+                                  "steps": steps, "full": full})
+    return Verdict(Bottleneck.NONE, [fact])
+
+
 def ceiling_by_elimination(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
     """No hint, nothing else binds, the queue persists: the sequence ceiling, inferred as Running's peak
     while requests waited."""
@@ -331,6 +358,8 @@ RULES: tuple[Rule, ...] = (
     admission_in_progress,
     brief_wait,
     queue_just_formed,
+    no_step_ended,
+    steps_nearly_full,
     ceiling_by_elimination,
 )
 
@@ -349,6 +378,14 @@ def diagnose_engine(s: Signals, hints: Hints = Hints(), th: Thresholds = Thresho
 
 
 # ------------------------------------------------------------------------------------------- advice
+
+
+def _full_step(s: Signals, hints: Hints, th: Thresholds) -> float:
+    """Mean tokens per step that mean a binding token budget: near the configured budget, or without it far
+    above what decoding alone needs (about one token per running request)."""
+    if hints.max_num_batched_tokens:
+        return th.full_step_budget_share * hints.max_num_batched_tokens
+    return max(th.min_prefill_step_tokens, th.prefill_tokens_per_running * max(s.queue.running_mean or 0.0, 1.0))
 
 
 def _pow2(x: float) -> int:

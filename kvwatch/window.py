@@ -162,8 +162,13 @@ class ThroughputSignals:
     preemptions_per_second: float | None = None
     gap: bool = False  # the last interval: prompt throughput ~0 while generation goes on and requests wait
     gap_fraction: float | None = None
+    # vllm:iteration_tokens_total over the window: a prompt counts whole (its prefill's computed tokens) in
+    # the step its prefill completes, steps without output are not observed at all (vLLM 0.32
+    # loggers.py PrometheusStatLogger.record, async_llm.py output_handler); the mean holds over whole
+    # prefills, a window with few steps reads it off by a prompt's worth at either end
     engine_step_tokens: float | None = None
-    steps_per_second: float | None = None
+    steps_per_second: float | None = None  # 0: the histogram saw no step end in the window (None: no histogram)
+    step_tokens_max: float | None = None  # the most one step in the window can have read (its bucket's bound)
     stalled_seconds: float = 0.0  # how long requests have been present with no token progress
     prefix_cache_hit_ratio: float | None = None
 
@@ -357,6 +362,14 @@ def throughput_signals(pts: list[Point], measured: Measured) -> ThroughputSignal
         if it is not None and it.count > 0:
             th.engine_step_tokens = it.sum / it.count
             th.steps_per_second = it.count / (last.t - first.t)
+            # every observation is at most the first bound whose bucket holds them all (None: only +Inf does)
+            top = next(b for b, c in zip(it.bounds, it.counts) if c >= it.count)
+            th.step_tokens_max = None if math.isinf(top) else top
+        elif it is not None:
+            # vLLM observes iteration_tokens only for a step that emits output, and a chunked prefill emits
+            # none until its last chunk: on a long prompt the window can hold busy steps and no observation.
+            # 0, not None: the histogram is there and saw no step end, so tokens per step are unknown.
+            th.steps_per_second = 0.0
         th.gap_fraction, th.gap = throughput_gap(pts)
     if measured.prompt_tokens_per_second is not None or measured.generation_tokens_per_second is not None:
         th.prompt_tokens_all_per_second = None  # the measured averages say nothing of cached tokens
