@@ -19,11 +19,11 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.aiohttp import make_aiohttp_handler
 
 from kvwatch import __version__
-from kvwatch.config import Settings
 from kvwatch.catalog import Bottleneck, most_severe
+from kvwatch.config import Settings
 from kvwatch.export import KvwatchCollector
-from kvwatch.parse import ParseError, parse
 from kvwatch.normalize import keep_family
+from kvwatch.parse import ParseError, parse
 from kvwatch.scrape import FetchConfig, Fetcher, ScrapeError
 from kvwatch.state import NoVllmMetrics, Target
 
@@ -128,7 +128,17 @@ class Monitor:
         for t in self.settings.target:
             d = self.targets[t].diagnosis
             label = self.targets[t].target
-            docs.append(d.as_dict() if d else {"timestamp": None, "target": label, "up": False, "bottleneck": Bottleneck.UNREACHABLE, "engines": []})
+            docs.append(
+                d.as_dict()
+                if d
+                else {
+                    "timestamp": None,
+                    "target": label,
+                    "up": False,
+                    "bottleneck": Bottleneck.UNREACHABLE,
+                    "engines": [],
+                }
+            )
         if len(docs) == 1:
             return docs[0]
         return {"timestamp": self.clock(), "bottleneck": most_severe([d["bottleneck"] for d in docs]), "targets": docs}

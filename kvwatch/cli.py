@@ -17,8 +17,8 @@ from collections import Counter
 from pathlib import Path
 
 from kvwatch import __version__
-from kvwatch.config import ConfigError, Settings, load_settings
 from kvwatch.catalog import Bottleneck
+from kvwatch.config import ConfigError, Settings, load_settings
 from kvwatch.parse import ParseError
 from kvwatch.recording import recording_files
 from kvwatch.redact import SecretFilter, url_secrets

@@ -101,8 +101,10 @@ class Settings(BaseSettings):
         if self.preemption_risk_threshold < self.admission_stall_threshold:
             raise ValueError("--preemption-risk-threshold must be >= --admission-stall-threshold")
         if self.bearer_token_file is not None and any("@" in urlsplit(u).netloc for u in self.target):
-            raise ValueError("a target with user:password@ uses basic auth, which --bearer-token-file would "
-                             "override: give one of the two (as Prometheus does)")
+            raise ValueError(
+                "a target with user:password@ uses basic auth, which --bearer-token-file would "
+                "override: give one of the two (as Prometheus does)"
+            )
         if self.window < 2 * self.interval:
             raise ValueError(f"--window ({self.window:g}) must cover at least two --interval ({self.interval:g})")
         return self

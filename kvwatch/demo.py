@@ -131,7 +131,10 @@ async def run_demo(args) -> int:
                     continue
                 elapsed = time.monotonic() - started
                 if tty:
-                    out = ["\x1b[H\x1b[2J", f"kvwatch demo  t={elapsed:5.0f}s  sim phase: {sim.phase}  target: {diag.bottleneck}"]
+                    out = [
+                        "\x1b[H\x1b[2J",
+                        f"kvwatch demo  t={elapsed:5.0f}s  sim phase: {sim.phase}  target: {diag.bottleneck}",
+                    ]
                     out.append(f"  {base}/metrics   {base}/api/v1/diagnosis\n")
                     for d in diag.engines:
                         out.extend(render_engine(d, *th))

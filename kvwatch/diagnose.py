@@ -193,8 +193,10 @@ def stalled(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
     if s.throughput.stalled_seconds < th.stall_seconds:
         return None
     running, waiting = _running(s), _waiting(s)
-    fact = ("no_progress", {"present": running + waiting, "running": running, "waiting": waiting,
-                        "seconds": s.throughput.stalled_seconds})
+    fact = (
+        "no_progress",
+        {"present": running + waiting, "running": running, "waiting": waiting, "seconds": s.throughput.stalled_seconds},
+    )
     why = "the engine makes no progress although it has work; /health may still say 200"
     return Verdict(Bottleneck.STALLED, [fact], [Recommendation(Action.RESTART_ENGINE, why)])
 
@@ -236,8 +238,16 @@ def kv_cache(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
     if s.throughput.gap_fraction:
         facts.append(("throughput_gap", {"share": s.throughput.gap_fraction}))
     if s.capacity.estimated_max_concurrency is not None:
-        facts.append(("kv_concurrency", {"capacity": cap, "sequence": s.capacity.mean_sequence_tokens,
-                                         "concurrency": s.capacity.estimated_max_concurrency}))
+        facts.append(
+            (
+                "kv_concurrency",
+                {
+                    "capacity": cap,
+                    "sequence": s.capacity.mean_sequence_tokens,
+                    "concurrency": s.capacity.estimated_max_concurrency,
+                },
+            )
+        )
     return Verdict(Bottleneck.KV_CACHE, facts, kv_recommendations(s, hints, th))
 
 
@@ -263,8 +273,10 @@ def full_steps(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
     if prompt is not None and gen is not None and prompt + gen > 0:
         facts.append(("prefill_share", {"share": prompt / (prompt + gen)}))
     ceiling = hints.max_num_seqs
-    facts += [_kv_room(s), ("running_of", {"running": _running(s),
-                                           "ceiling_text": f" of max_num_seqs={ceiling}" if ceiling else ""})]
+    facts += [
+        _kv_room(s),
+        ("running_of", {"running": _running(s), "ceiling_text": f" of max_num_seqs={ceiling}" if ceiling else ""}),
+    ]
     recs = [
         Recommendation(
             Action.RAISE_MAX_NUM_BATCHED_TOKENS,
@@ -283,8 +295,10 @@ def near_configured_ceiling(s: Signals, hints: Hints, th: Thresholds) -> Verdict
     ceiling, peak = hints.max_num_seqs, s.queue.running_max_waiting or 0.0
     if not ceiling or peak < max(1.0, th.near_ceiling_share * ceiling):
         return None
-    fact = ("near_configured_ceiling", {"waiting": _waiting(s), "peak": peak, "ceiling": ceiling,
-                                        "samples": s.queue.waiting_samples})
+    fact = (
+        "near_configured_ceiling",
+        {"waiting": _waiting(s), "peak": peak, "ceiling": ceiling, "samples": s.queue.waiting_samples},
+    )
     return Verdict(Bottleneck.MAX_NUM_SEQS, [fact, _kv_room(s)], seqs_recommendations(s, ceiling, th))
 
 
@@ -331,8 +345,17 @@ def steps_nearly_full(s: Signals, hints: Hints, th: Thresholds) -> Verdict | Non
     full = _full_step(s, hints, th)
     if step is None or not step_max or steps <= 0 or step + step_max / steps < full:
         return None
-    fact = ("steps_nearly_full", {"waiting": _waiting(s), "running": _running(s), "step": step, "step_max": step_max,
-                                  "steps": steps, "full": full})
+    fact = (
+        "steps_nearly_full",
+        {
+            "waiting": _waiting(s),
+            "running": _running(s),
+            "step": step,
+            "step_max": step_max,
+            "steps": steps,
+            "full": full,
+        },
+    )
     return Verdict(Bottleneck.NONE, [fact])
 
 
@@ -341,10 +364,22 @@ def ceiling_by_elimination(s: Signals, hints: Hints, th: Thresholds) -> Verdict 
     while requests waited."""
     q = s.queue
     ceiling = int(q.running_max_waiting or q.running_recent_max or _running(s))
-    fact = ("inferred_ceiling", {"waiting": _waiting(s), "ceiling": ceiling, "at_max": q.running_at_max_samples,
-                                 "samples": q.waiting_samples, "span": s.span_seconds})
-    return Verdict(Bottleneck.MAX_NUM_SEQS, [fact, _kv_room(s)], seqs_recommendations(s, ceiling, th),
-                   max_num_seqs=(ceiling, Source.INFERRED))
+    fact = (
+        "inferred_ceiling",
+        {
+            "waiting": _waiting(s),
+            "ceiling": ceiling,
+            "at_max": q.running_at_max_samples,
+            "samples": q.waiting_samples,
+            "span": s.span_seconds,
+        },
+    )
+    return Verdict(
+        Bottleneck.MAX_NUM_SEQS,
+        [fact, _kv_room(s)],
+        seqs_recommendations(s, ceiling, th),
+        max_num_seqs=(ceiling, Source.INFERRED),
+    )
 
 
 RULES: tuple[Rule, ...] = (
@@ -408,7 +443,9 @@ def seqs_recommendations(s: Signals, ceiling: int, th: Thresholds) -> list[Recom
             "step raise inter-token latency)"
         )
     else:
-        why = f"Running is pinned at {ceiling} with KV room to spare (more sequences per step raise inter-token latency)"
+        why = (
+            f"Running is pinned at {ceiling} with KV room to spare (more sequences per step raise inter-token latency)"
+        )
     return [
         Recommendation(Action.RAISE_MAX_NUM_SEQS, why),
         Recommendation(Action.ADD_REPLICA, "if latency per token must not rise, spread the queue over more engines"),
@@ -436,7 +473,8 @@ def _cache_config_advice(s: Signals, hints: Hints, th: Thresholds):
         )
     if c is not None and c.enable_prefix_caching is False:
         yield Recommendation(
-            Action.ENABLE_PREFIX_CACHING, "prefix caching is off: shared prompt prefixes are stored once and skip prefill"
+            Action.ENABLE_PREFIX_CACHING,
+            "prefix caching is off: shared prompt prefixes are stored once and skip prefill",
         )
     max_len = hints.max_model_len or (c.max_model_len if c else None)
     if max_len and seq and seq < th.short_sequence_share * max_len:
@@ -451,7 +489,11 @@ def _cache_config_advice(s: Signals, hints: Hints, th: Thresholds):
             f"the KV cache is pinned at {c.kv_cache_memory_bytes / 2**20:.0f} MiB by --kv-cache-memory-bytes, "
             "which overrides --gpu-memory-utilization: raise it if the device has memory left",
         )
-    elif c is not None and c.gpu_memory_utilization is not None and c.gpu_memory_utilization < th.gpu_memory_utilization_ceiling:
+    elif (
+        c is not None
+        and c.gpu_memory_utilization is not None
+        and c.gpu_memory_utilization < th.gpu_memory_utilization_ceiling
+    ):
         yield Recommendation(
             Action.RAISE_GPU_MEMORY_UTILIZATION,
             f"gpu_memory_utilization is {c.gpu_memory_utilization:.2f}: what is raised goes to KV blocks "
@@ -460,7 +502,11 @@ def _cache_config_advice(s: Signals, hints: Hints, th: Thresholds):
 
 
 def _preemption_advice(s: Signals) -> Recommendation:
-    rate, est, running = s.throughput.preemptions_per_second, s.capacity.estimated_max_concurrency, s.queue.running_recent_max
+    rate, est, running = (
+        s.throughput.preemptions_per_second,
+        s.capacity.estimated_max_concurrency,
+        s.queue.running_recent_max,
+    )
     if est is not None and running and est < running:
         why = (
             f"{rate:.1f} preemptions/s throw away computed KV: up to {_n(running)} sequences run "

@@ -84,7 +84,10 @@ def _add_engine(fams: dict[str, Metric], labels: list[str], d: Diagnosis) -> Non
     if s.kv.recent_max is not None:
         for k in KvPressure:
             fams["kvwatch_kv_cache_pressure"].add_metric([*labels, k], 1.0 if d.kv_pressure == k else 0.0)
-    for fam, limit in (("kvwatch_max_num_seqs", d.max_num_seqs), ("kvwatch_max_num_batched_tokens", d.max_num_batched_tokens)):
+    for fam, limit in (
+        ("kvwatch_max_num_seqs", d.max_num_seqs),
+        ("kvwatch_max_num_batched_tokens", d.max_num_batched_tokens),
+    ):
         if limit is not None:
             fams[fam].add_metric([*labels, limit[1]], limit[0])
     if s.capacity.lora_running is not None:

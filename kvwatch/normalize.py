@@ -318,8 +318,9 @@ def _histogram(buckets: dict[float, float], hsum: float, hcount: float) -> Histo
 
 def _in_scope(out: dict[tuple[str, str], EngineSnapshot], model: str | None, engine: str | None):
     """The snapshots an info series applies to: a missing label means every model / engine."""
-    return [s for s in out.values()
-            if (engine is None or s.engine == engine) and (model is None or s.model_name == model)]
+    return [
+        s for s in out.values() if (engine is None or s.engine == engine) and (model is None or s.model_name == model)
+    ]
 
 
 def _apply_cache_config(fam: Family | None, out: dict[tuple[str, str], EngineSnapshot]) -> None:

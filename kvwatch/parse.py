@@ -28,7 +28,9 @@ from dataclasses import dataclass, field
 
 __all__ = ["Family", "ParseError", "Sample", "parse"]
 
-_TYPES = frozenset({"counter", "gauge", "histogram", "summary", "untyped", "info", "stateset", "gaugehistogram", "unknown"})
+_TYPES = frozenset(
+    {"counter", "gauge", "histogram", "summary", "untyped", "info", "stateset", "gaugehistogram", "unknown"}
+)
 # Suffixes a sample may add to its family name, by family type.
 _SUFFIXES = {
     "counter": ("_total", "_created", ""),
@@ -225,7 +227,9 @@ def _read_block(pats: tuple[re.Pattern, re.Pattern], block: str) -> list[Sample]
     cache = _LABEL_CACHE
     try:
         return [
-            Sample(n, ((cache.get(t) or _parse_labels(t, 0)) if t else {}), float(v), float(ts) / 1000.0 if ts else None)
+            Sample(
+                n, ((cache.get(t) or _parse_labels(t, 0)) if t else {}), float(v), float(ts) / 1000.0 if ts else None
+            )
             for n, t, v, ts in line.findall(block)
         ]
     except ValueError:

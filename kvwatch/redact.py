@@ -40,9 +40,14 @@ def redact_url(url: str) -> str:
     netloc = parts.netloc
     if "@" in netloc:
         netloc = REDACTED + "@" + netloc.rpartition("@")[2]
-    query = "&".join(
-        f"{n}{sep}{REDACTED}" if sep and _is_secret_param(n) else f"{n}{sep}{v}" for n, sep, v in _query_pairs(parts.query)
-    ) if parts.query else ""
+    query = (
+        "&".join(
+            f"{n}{sep}{REDACTED}" if sep and _is_secret_param(n) else f"{n}{sep}{v}"
+            for n, sep, v in _query_pairs(parts.query)
+        )
+        if parts.query
+        else ""
+    )
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 

@@ -22,8 +22,18 @@ from dataclasses import dataclass, field
 from kvwatch.normalize import CacheConfig, EngineSnapshot, Histogram
 
 __all__ = [
-    "CapacitySignals", "EngineHistory", "KvSignals", "LatencySignals", "Measured", "Point", "QueueSignals", "QUANTILES",
-    "Signals", "ThroughputSignals", "histogram_quantile", "summarize",
+    "CapacitySignals",
+    "EngineHistory",
+    "KvSignals",
+    "LatencySignals",
+    "Measured",
+    "Point",
+    "QueueSignals",
+    "QUANTILES",
+    "Signals",
+    "ThroughputSignals",
+    "histogram_quantile",
+    "summarize",
 ]
 
 QUANTILES = (0.5, 0.9, 0.99)
@@ -53,16 +63,19 @@ def _hist_corrected(prev_raw: Histogram | None, prev_corr: Histogram | None, raw
         raw.bounds != prev_raw.bounds
         or prev_corr.bounds != raw.bounds
         or raw.count < prev_raw.count
-        or any(c < p for c, p in zip(raw.counts, prev_raw.counts))
+        or any(c < p for c, p in zip(raw.counts, prev_raw.counts, strict=False))
     )
     if reset:
         base = prev_corr if prev_corr.bounds == raw.bounds else Histogram(raw.bounds, [0.0] * len(raw.bounds))
         return Histogram(
-            raw.bounds, array("d", [b + c for b, c in zip(base.counts, raw.counts)]), base.sum + raw.sum, base.count + raw.count
+            raw.bounds,
+            array("d", [b + c for b, c in zip(base.counts, raw.counts, strict=False)]),
+            base.sum + raw.sum,
+            base.count + raw.count,
         )
     return Histogram(
         raw.bounds,
-        array("d", [pc + (c - p) for pc, c, p in zip(prev_corr.counts, raw.counts, prev_raw.counts)]),
+        array("d", [pc + (c - p) for pc, c, p in zip(prev_corr.counts, raw.counts, prev_raw.counts, strict=False)]),
         prev_corr.sum + (raw.sum - prev_raw.sum),
         prev_corr.count + (raw.count - prev_raw.count),
     )
@@ -90,7 +103,9 @@ class EngineHistory:
                 reset = True
             counters[name] = _corrected(prev_raw, last.counters.get(name) if last else None, raw)
         hists = {
-            name: _hist_corrected(prev.histograms.get(name) if prev else None, last.hists.get(name) if last else None, raw)
+            name: _hist_corrected(
+                prev.histograms.get(name) if prev else None, last.hists.get(name) if last else None, raw
+            )
             for name, raw in snap.histograms.items()
         }
         if reset:
@@ -107,7 +122,7 @@ def histogram_quantile(q: float, bounds: Sequence[float], counts: Sequence[float
         return None
     rank = q * counts[-1]
     lower_bound, lower_count = 0.0, 0.0
-    for b, c in zip(bounds, counts):
+    for b, c in zip(bounds, counts, strict=False):
         if c >= rank:
             if math.isinf(b):
                 # Like Prometheus: a quantile in the +Inf bucket is the highest finite bound.
@@ -250,10 +265,18 @@ class Signals:
 
 # The JSON keeps the flat names it had before Signals came in parts (API users and the e2e lane read them).
 _JSON_NAMES: dict[str, dict[str, str]] = {
-    "kv": {"usage_ratio": "kv_cache_usage_ratio", "recent_max": "kv_usage_recent_max", "mean": "kv_usage_mean",
-           "slope_per_second": "kv_usage_slope_per_second"},
-    "queue": {"running": "requests_running", "waiting": "requests_waiting", "waiting_deferred": "requests_waiting_deferred",
-              "swapped": "requests_swapped"},
+    "kv": {
+        "usage_ratio": "kv_cache_usage_ratio",
+        "recent_max": "kv_usage_recent_max",
+        "mean": "kv_usage_mean",
+        "slope_per_second": "kv_usage_slope_per_second",
+    },
+    "queue": {
+        "running": "requests_running",
+        "waiting": "requests_waiting",
+        "waiting_deferred": "requests_waiting_deferred",
+        "swapped": "requests_swapped",
+    },
     "throughput": {"gap": "throughput_gap", "gap_fraction": "throughput_gap_fraction"},
     "capacity": {},
 }
@@ -273,7 +296,7 @@ def _slope(xs: Sequence[float], ys: Sequence[float]) -> float | None:
     den = sum((x - mx) ** 2 for x in xs)
     if den <= 0:
         return None
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / den
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=False)) / den
 
 
 def _hist_delta(a: Point, b: Point, name: str) -> Histogram | None:
@@ -282,10 +305,14 @@ def _hist_delta(a: Point, b: Point, name: str) -> Histogram | None:
         return None
     if ha is None or ha.bounds != hb.bounds:
         return None
-    return Histogram(hb.bounds, [y - x for x, y in zip(ha.counts, hb.counts)], hb.sum - ha.sum, hb.count - ha.count)
+    return Histogram(
+        hb.bounds, [y - x for x, y in zip(ha.counts, hb.counts, strict=False)], hb.sum - ha.sum, hb.count - ha.count
+    )
 
 
-def summarize(history: EngineHistory, now: float, window_seconds: float, measured: Measured | None = None) -> Signals | None:
+def summarize(
+    history: EngineHistory, now: float, window_seconds: float, measured: Measured | None = None
+) -> Signals | None:
     """Signals over the last ``window_seconds`` of ``history`` (None if it holds no point). ``measured``
     rates, where given, stand instead of those the counters would give."""
     pts = [p for p in history.points if now - p.t <= window_seconds + 1e-9]
@@ -310,7 +337,12 @@ def kv_signals(pts: list[Point]) -> KvSignals:
     k.mean = sum(kv) / len(kv)
     k.recent_max = max(p.gauges.get("kv_cache_usage_ratio", 0.0) for p in pts[-RECENT:])
     k.slope_per_second = _slope([p.t for p in with_kv], kv)
-    if k.slope_per_second is not None and k.slope_per_second > 1e-4 and k.usage_ratio is not None and k.usage_ratio < 1.0:
+    if (
+        k.slope_per_second is not None
+        and k.slope_per_second > 1e-4
+        and k.usage_ratio is not None
+        and k.usage_ratio < 1.0
+    ):
         k.seconds_to_full = (1.0 - k.usage_ratio) / k.slope_per_second
     return k
 
@@ -363,7 +395,7 @@ def throughput_signals(pts: list[Point], measured: Measured) -> ThroughputSignal
             th.engine_step_tokens = it.sum / it.count
             th.steps_per_second = it.count / (last.t - first.t)
             # every observation is at most the first bound whose bucket holds them all (None: only +Inf does)
-            top = next(b for b, c in zip(it.bounds, it.counts) if c >= it.count)
+            top = next(b for b, c in zip(it.bounds, it.counts, strict=False) if c >= it.count)
             th.step_tokens_max = None if math.isinf(top) else top
         elif it is not None:
             # vLLM observes iteration_tokens only for a step that emits output, and a chunked prefill emits
@@ -386,7 +418,7 @@ def throughput_gap(pts: list[Point]) -> tuple[float | None, bool]:
     prompt_key = "prompt_tokens_computed" if "prompt_tokens_computed" in pts[-1].counters else "prompt_tokens"
     gaps = intervals = 0
     last_gap = False
-    for a, b in zip(pts, pts[1:]):
+    for a, b in zip(pts, pts[1:], strict=False):
         pr, gr = _rate(a, b, prompt_key), _rate(a, b, "generation_tokens")
         if pr is None or gr is None:
             continue
@@ -400,7 +432,7 @@ def throughput_gap(pts: list[Point]) -> tuple[float | None, bool]:
 def stalled_seconds(pts: list[Point]) -> float:
     """How long requests have been present with no prompt or generation token since the last progress."""
     since = None
-    for a, b in zip(reversed(pts[:-1]), reversed(pts)):
+    for a, b in zip(reversed(pts[:-1]), reversed(pts), strict=False):
         present = b.gauges.get("requests_running", 0.0) + b.gauges.get("requests_waiting", 0.0) > 0
         moved = any(
             k in a.counters and k in b.counters and b.counters[k] > a.counters[k]
@@ -429,7 +461,9 @@ def latency_signals(first: Point, last: Point) -> LatencySignals:
     return lat
 
 
-def capacity_signals(history: EngineHistory, first: Point, last: Point, kv: KvSignals, queue: QueueSignals) -> CapacitySignals:
+def capacity_signals(
+    history: EngineHistory, first: Point, last: Point, kv: KvSignals, queue: QueueSignals
+) -> CapacitySignals:
     """Sequence lengths from requests finished in the window, else from everything vLLM has seen since
     start; capacity from vLLM's cache_config_info."""
     c = CapacitySignals()

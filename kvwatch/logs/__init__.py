@@ -66,9 +66,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="one JSON object per stats record, as it is read")
     p.add_argument("--follow", action="store_true", help="keep reading FILE as it grows (until interrupted)")
     p.add_argument("--max-num-seqs", type=_positive_int, metavar="N", help="vLLM's --max-num-seqs (else from the log)")
-    p.add_argument("--max-num-batched-tokens", type=_positive_int, metavar="N",
-                   help="vLLM's --max-num-batched-tokens (else from the log)")
-    p.add_argument("--max-model-len", type=_positive_int, metavar="N", help="vLLM's --max-model-len (else from the log)")
+    p.add_argument(
+        "--max-num-batched-tokens",
+        type=_positive_int,
+        metavar="N",
+        help="vLLM's --max-num-batched-tokens (else from the log)",
+    )
+    p.add_argument(
+        "--max-model-len", type=_positive_int, metavar="N", help="vLLM's --max-model-len (else from the log)"
+    )
     return p
 
 
@@ -230,6 +236,7 @@ def _feed(session: LogSession, args) -> None:
 
 def _stop_on_sigterm():
     """Let SIGTERM end a stream like Ctrl-C does (the report is still printed); the previous handler."""
+
     def stop(signum, frame):
         raise _Stop()
 

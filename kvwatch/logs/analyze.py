@@ -146,13 +146,17 @@ class RecordResult:
             "recommendations": [{"action": x.action, "why": x.why} for x in d.recommendations],
             "evidence": list(d.evidence),
             "notes": list(self.notes),
-            "max_num_seqs": None if d.max_num_seqs is None else {"value": d.max_num_seqs[0], "source": d.max_num_seqs[1]},
+            "max_num_seqs": None
+            if d.max_num_seqs is None
+            else {"value": d.max_num_seqs[0], "source": d.max_num_seqs[1]},
             "max_num_batched_tokens": None
             if d.max_num_batched_tokens is None
             else {"value": d.max_num_batched_tokens[0], "source": d.max_num_batched_tokens[1]},
         }
         if r.kv_fetch is not None:
-            out["kv_fetch"] = dict(zip(("waiting_to_start", "in_progress", "completed_waiting"), r.kv_fetch))
+            out["kv_fetch"] = dict(
+                zip(("waiting_to_start", "in_progress", "completed_waiting"), r.kv_fetch, strict=False)
+            )
         return out
 
 
@@ -263,7 +267,9 @@ class LogAnalyzer:
         self.v0_swap_preemption = False
 
     def _new_engine(self, key: str) -> _Engine:
-        return _Engine(EngineHistory(self.config.model_name or "unknown", key, keep_seconds=math.inf, max_points=RECENT))
+        return _Engine(
+            EngineHistory(self.config.model_name or "unknown", key, keep_seconds=math.inf, max_points=RECENT)
+        )
 
     # ------------------------------------------------------------------ records
 
@@ -271,7 +277,9 @@ class LogAnalyzer:
         if self.clock is None:
             # vLLM's own header time belongs to the record even when records are glued to other lines;
             # a collector's time is per physical line. One clock for the whole log: they differ in zone.
-            self.clock = "vllm" if rec.vllm_time is not None else ("collector" if rec.collector_time is not None else "none")
+            self.clock = (
+                "vllm" if rec.vllm_time is not None else ("collector" if rec.collector_time is not None else "none")
+            )
         t = rec.collector_time if self.clock == "collector" else rec.vllm_time if self.clock == "vllm" else None
         if t is not None and e.last_t is not None and self.clock == "vllm":
             while t < e.last_t - 86400:  # vLLM prints no year: a log across New Year
@@ -393,21 +401,30 @@ class LogAnalyzer:
         notes: list[str] = []
         s = d.signals
         if s.capacity.capacity_tokens:
-            notes.append(f"KV capacity {_fmt_int(s.capacity.capacity_tokens)} tokens from line {cap_from.line} ({cap_how})")
+            notes.append(
+                f"KV capacity {_fmt_int(s.capacity.capacity_tokens)} tokens from line {cap_from.line} ({cap_how})"
+            )
         else:
-            notes.append("KV capacity in tokens unknown: the log has no start-up capacity line "
-                         "(KV cache size / # GPU blocks / Maximum concurrency)")
+            notes.append(
+                "KV capacity in tokens unknown: the log has no start-up capacity line "
+                "(KV cache size / # GPU blocks / Maximum concurrency)"
+            )
         if preemptions is None:
             if rec.fmt == "v1":
-                notes.append("preemptions unknown for this interval: vLLM V1 prints 'Preemptions: N' only when it "
-                             "counted some, and not every release prints it")
+                notes.append(
+                    "preemptions unknown for this interval: vLLM V1 prints 'Preemptions: N' only when it "
+                    "counted some, and not every release prints it"
+                )
             else:
-                notes.append("no preemption warning in this interval (vLLM V0 warns only at the 1st, 51st, "
-                             "101st ... preemption)")
+                notes.append(
+                    "no preemption warning in this interval (vLLM V0 warns only at the 1st, 51st, 101st ... preemption)"
+                )
         if rec.fmt == "v0" and preemptions:
-            notes.append(f"preemptions from vLLM's warning total_num_cumulative_preemption={self.v0_counter} "
-                         f"(line {self.v0_counter_line}); V0 warns at the 1st, 51st, 101st ... preemption, so the "
-                         "count since the previous warning is put in this interval")
+            notes.append(
+                f"preemptions from vLLM's warning total_num_cumulative_preemption={self.v0_counter} "
+                f"(line {self.v0_counter_line}); V0 warns at the 1st, 51st, 101st ... preemption, so the "
+                "count since the previous warning is put in this interval"
+            )
         if rec.fmt == "v0" and self.v0_swap_preemption:
             notes.append("vLLM warned of preemption by SWAP: requests were moved to CPU swap space")
         return notes
@@ -418,27 +435,37 @@ class LogAnalyzer:
         s = d.signals
         if rec.kv_fetch is not None and any(rec.kv_fetch):
             a, b, c3 = rec.kv_fetch
-            notes.append(f"KV fetch: {a} waiting to start, {b} in progress, {c3} completed waiting "
-                         "(requests waiting on remote KV transfer, not on this engine's limits)")
+            notes.append(
+                f"KV fetch: {a} waiting to start, {b} in progress, {c3} completed waiting "
+                "(requests waiting on remote KV transfer, not on this engine's limits)"
+            )
         if d.bottleneck in (Bottleneck.KV_CACHE, Bottleneck.MAX_NUM_SEQS) and s.capacity.mean_sequence_tokens is None:
-            notes.append("sequence lengths are not in the log: how many sequences the KV cache holds, and so "
-                         "how far max_num_seqs or max_model_len could move, cannot be estimated")
+            notes.append(
+                "sequence lengths are not in the log: how many sequences the KV cache holds, and so "
+                "how far max_num_seqs or max_model_len could move, cannot be estimated"
+            )
         if d.bottleneck == Bottleneck.MAX_NUM_SEQS and d.max_num_seqs and d.max_num_seqs[1] == Source.CONFIGURED:
             src = self.hint_source("max_num_seqs")
             if rec.aggregated_engines:
                 per = d.max_num_seqs[0] // rec.aggregated_engines
-                notes.append(f"Running and Waiting are summed over {rec.aggregated_engines} engines "
-                             f"(--aggregate-engine-logging): max_num_seqs={per} per engine from {src}, "
-                             f"{d.max_num_seqs[0]} in all")
+                notes.append(
+                    f"Running and Waiting are summed over {rec.aggregated_engines} engines "
+                    f"(--aggregate-engine-logging): max_num_seqs={per} per engine from {src}, "
+                    f"{d.max_num_seqs[0]} in all"
+                )
             elif src:
                 notes.append(f"max_num_seqs={d.max_num_seqs[0]} from {src}")
         if d.bottleneck == Bottleneck.MAX_NUM_SEQS and d.max_num_seqs and d.max_num_seqs[1] == Source.INFERRED:
-            notes.append("the log shows no --max-num-seqs (no start-up arguments, or it was left at its default): "
-                         "inferred from Running; pass --max-num-seqs to confirm")
+            notes.append(
+                "the log shows no --max-num-seqs (no start-up arguments, or it was left at its default): "
+                "inferred from Running; pass --max-num-seqs to confirm"
+            )
         if d.bottleneck == Bottleneck.TOKEN_BUDGET and hints.max_num_batched_tokens:
             src = self.hint_source("max_num_batched_tokens")
-            notes.append(f"tokens per step from vLLM's iteration-detail lines; max_num_batched_tokens="
-                         f"{hints.max_num_batched_tokens} from {src}")
+            notes.append(
+                f"tokens per step from vLLM's iteration-detail lines; max_num_batched_tokens="
+                f"{hints.max_num_batched_tokens} from {src}"
+            )
         return notes
 
     def _unseen_notes(self, rec, d: Diagnosis, hints: Hints, interval) -> list[str]:
@@ -447,13 +474,18 @@ class LogAnalyzer:
         s = d.signals
         waiting = rec.requests_waiting
         busy = rec.prompt_tokens_per_second > 0 or rec.generation_tokens_per_second > 0
-        if waiting > 0 and d.bottleneck == Bottleneck.NONE and s.throughput.engine_step_tokens is None and (
-            rec.requests_deferred or 0
-        ) < waiting:
+        if (
+            waiting > 0
+            and d.bottleneck == Bottleneck.NONE
+            and s.throughput.engine_step_tokens is None
+            and (rec.requests_deferred or 0) < waiting
+        ):
             budget = hints.max_num_batched_tokens
-            notes.append("the log has no tokens per engine step, so whether max_num_batched_tokens"
-                         + (f"={budget}" if budget else "")
-                         + " holds requests back cannot be seen (vLLM prints steps with --enable-logging-iteration-details)")
+            notes.append(
+                "the log has no tokens per engine step, so whether max_num_batched_tokens"
+                + (f"={budget}" if budget else "")
+                + " holds requests back cannot be seen (vLLM prints steps with --enable-logging-iteration-details)"
+            )
         if waiting == 0 and rec.requests_running == 0 and busy:
             total = rec.prompt_tokens_per_second + rec.generation_tokens_per_second
             share = rec.prompt_tokens_per_second / total if total else 0.0
@@ -472,8 +504,10 @@ class LogAnalyzer:
                 )
             notes.append(text)
         if rec.fmt == "v0" and rec.requests_swapped:
-            notes.append(f"{rec.requests_swapped} requests in CPU swap space"
-                         + (f" (CPU swap {rec.cpu_swap_usage_ratio:.0%} used)" if rec.cpu_swap_usage_ratio is not None else ""))
+            notes.append(
+                f"{rec.requests_swapped} requests in CPU swap space"
+                + (f" (CPU swap {rec.cpu_swap_usage_ratio:.0%} used)" if rec.cpu_swap_usage_ratio is not None else "")
+            )
         return notes
 
     # ------------------------------------------------------------------ for the report
@@ -483,18 +517,24 @@ class LogAnalyzer:
         out = []
         c = self.config
         if not c.kv_size and not c.blocks and not c.concurrency:
-            out.append("KV capacity in tokens: no start-up line (KV cache size / # GPU blocks / Maximum "
-                       "concurrency) in the log, so free KV is known only as a percentage")
+            out.append(
+                "KV capacity in tokens: no start-up line (KV cache size / # GPU blocks / Maximum "
+                "concurrency) in the log, so free KV is known only as a percentage"
+            )
         for key, flag in (("max_num_seqs", "--max-num-seqs"), ("max_num_batched_tokens", "--max-num-batched-tokens")):
             if not getattr(self.cli_hints, key) and c.get(key) is None:
                 out.append(f"{key}: not in the log's start-up lines and not given ({flag})")
         if not any(e.has_steps for e in self.engines.values()):
-            out.append("tokens per engine step: stats lines do not carry them, so a binding max_num_batched_tokens "
-                       "shows only as requests waiting with KV and sequence room (vLLM logs steps with "
-                       "--enable-logging-iteration-details)")
+            out.append(
+                "tokens per engine step: stats lines do not carry them, so a binding max_num_batched_tokens "
+                "shows only as requests waiting with KV and sequence room (vLLM logs steps with "
+                "--enable-logging-iteration-details)"
+            )
         out.append("sequence lengths: not in stats lines, so the KV cache's capacity in sequences is not estimated")
-        out.append("throughput is averaged over each logging interval (10 s by default); Running, Waiting and KV "
-                   "usage are instants, so a burst that starts and ends between two lines leaves no queue in the log")
+        out.append(
+            "throughput is averaged over each logging interval (10 s by default); Running, Waiting and KV "
+            "usage are instants, so a burst that starts and ends between two lines leaves no queue in the log"
+        )
         return out
 
     def describe_config(self) -> list[str]:

@@ -34,9 +34,7 @@ def parse_timestamp(text: str | None) -> float | None:
     """Seconds since the epoch from an RFC 3339 / ISO 8601 time (nanoseconds allowed), else None."""
     if not text:
         return None
-    m = re.match(
-        r"(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d):(\d\d)(?:[.,](\d+))?(Z|[+-]\d\d:?\d\d)?$", text.strip()
-    )
+    m = re.match(r"(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d):(\d\d)(?:[.,](\d+))?(Z|[+-]\d\d:?\d\d)?$", text.strip())
     if not m:
         return None
     y, mo, d, h, mi, s = (int(m[i]) for i in range(1, 7))

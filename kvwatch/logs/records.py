@@ -61,7 +61,9 @@ def _words(phrase: str) -> str:
 
 
 ANCHOR = re.compile(
-    r"(?:Engine\s*(?P<engine>\d+)\s*:\s*|(?P<n>\d+)\s*Engines\s*Aggregated\s*:\s*)?" + _words("Avg prompt throughput") + r"\s*:"
+    r"(?:Engine\s*(?P<engine>\d+)\s*:\s*|(?P<n>\d+)\s*Engines\s*Aggregated\s*:\s*)?"
+    + _words("Avg prompt throughput")
+    + r"\s*:"
 )
 _F = {
     "prompt": re.compile(_words("Avg prompt throughput") + r"\s*:\s*" + _NUM + r"\s*tokens\s*/\s*s"),
@@ -72,8 +74,13 @@ _F = {
     "swapped": re.compile(r"Swapped\s*:\s*(\d+)\s*reqs"),
     "deferred": re.compile(r"Deferred\s*:\s*(\d+)\s*reqs"),
     "kv_fetch": re.compile(
-        _words("KV fetch") + r"\s*:\s*(\d+)\s*" + _words("waiting to start") + r"\s*,\s*(\d+)\s*"
-        + _words("in progress") + r"\s*,\s*(\d+)\s*" + _words("completed waiting")
+        _words("KV fetch")
+        + r"\s*:\s*(\d+)\s*"
+        + _words("waiting to start")
+        + r"\s*,\s*(\d+)\s*"
+        + _words("in progress")
+        + r"\s*,\s*(\d+)\s*"
+        + _words("completed waiting")
     ),
     # "Preemptions: %d" is never the last field: demand the comma, so "Preemptions: 1" cut from 12 is not read.
     "preemptions": re.compile(r"Preemptions\s*:\s*(\d+)(?=\s*,)"),
@@ -81,8 +88,11 @@ _F = {
     # Case matters: V1's optional "External prefix cache hit rate" is lower-case and is not this field.
     "prefix": re.compile(_words("Prefix cache hit rate") + r"\s*:\s*" + _NUM + r"\s*%"),
 }
-_ASCTIME = re.compile(r"(?:INFO|WARNING|WARN|DEBUG|ERROR|CRITICAL)\s*(\d\d)-(\d\d)\s*(\d\d):(\d\d):(\d\d)(?:[.,](\d+))?")
+_ASCTIME = re.compile(
+    r"(?:INFO|WARNING|WARN|DEBUG|ERROR|CRITICAL)\s*(\d\d)-(\d\d)\s*(\d\d):(\d\d):(\d\d)(?:[.,](\d+))?"
+)
 _PROC = re.compile(r"\((\w+?)(?:_DP(\d+))?\s+pid=\d+\)")
+
 
 # Events: everything that is not a stats record but changes how the next records read.
 def _rx(pattern: str) -> re.Pattern:
@@ -100,16 +110,18 @@ _E = {
     "kv_size": _rx(r"(?:\b([A-Z]{2,5})(?:\s*\+\s*host)?\s*)?KV cache size:\s*([\d,]+)\s*tokens"),
     "concurrency": _rx(r"Maximum concurrency for\s*([\d,]+)\s*tokens per request:\s*" + _NUM + r"\s*x"),
     "blocks": _rx(r"#\s*(\w+)\s*blocks:\s*(\d+),\s*#\s*CPU\s*blocks:\s*(\d+)"),
-    "num_gpu_blocks": _rx(r"(?:Engine\s*(\d+)\s*:\s*)?(?:\d+ Engines: )?vllm cache_config_info with initialization after num_gpu_blocks is:\s*(\d+)"),
-    "override_blocks": _rx(r"Overriding num_gpu_blocks=(\d+) with num_gpu_blocks_override=(\d+)"),
-    "preemption": _rx(
-        r"(?:preempted by PreemptionMode\.(\w+) mode.*?)?total_num_cumulative_preemption=(\d+)(?!\d)"
+    "num_gpu_blocks": _rx(
+        r"(?:Engine\s*(\d+)\s*:\s*)?(?:\d+ Engines: )?vllm cache_config_info with initialization after num_gpu_blocks is:\s*(\d+)"
     ),
+    "override_blocks": _rx(r"Overriding num_gpu_blocks=(\d+) with num_gpu_blocks_override=(\d+)"),
+    "preemption": _rx(r"(?:preempted by PreemptionMode\.(\w+) mode.*?)?total_num_cumulative_preemption=(\d+)(?!\d)"),
     "iteration": _rx(
         r"(?:Engine\s*(\d+)\s*:\s*)?Iteration\((\d+)\):\s*(\d+) context requests, (\d+) context tokens, "
         r"(\d+) generation requests, (\d+) generation tokens, iteration elapsed time: ([\d.]+) ms( \(dummy\))?"
     ),
-    "v0_prefix": _rx(_words("Prefix cache hit rate") + r"\s*:\s*GPU\s*:\s*" + _NUM + r"\s*%\s*,\s*CPU\s*:\s*" + _NUM + r"\s*%"),
+    "v0_prefix": _rx(
+        _words("Prefix cache hit rate") + r"\s*:\s*GPU\s*:\s*" + _NUM + r"\s*%\s*,\s*CPU\s*:\s*" + _NUM + r"\s*%"
+    ),
 }
 # Keys of vLLM's engine config line that matter here; searched on every line because the config line is
 # thousands of characters long and a terminal wraps it.
@@ -122,9 +134,19 @@ _CONFIG_KEYS = {
 }
 START_KINDS = frozenset({"config", "nondefault", "namespace", "api_version"})
 ARG_KEYS = (
-    "max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size", "kv_cache_dtype",
-    "enable_prefix_caching", "gpu_memory_utilization", "kv_cache_memory_bytes", "num_gpu_blocks_override",
-    "served_model_name", "model", "data_parallel_size", "aggregate_engine_logging",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "max_model_len",
+    "block_size",
+    "kv_cache_dtype",
+    "enable_prefix_caching",
+    "gpu_memory_utilization",
+    "kv_cache_memory_bytes",
+    "num_gpu_blocks_override",
+    "served_model_name",
+    "model",
+    "data_parallel_size",
+    "aggregate_engine_logging",
 )
 
 
@@ -223,9 +245,8 @@ def _asctime(text: str) -> tuple[float | None, str | None, int | None]:
 
 
 def _dp_rank(text: str) -> int | None:
-    m = None
-    for m in _PROC.finditer(text):
-        pass
+    matches = list(_PROC.finditer(text))
+    m = matches[-1] if matches else None  # the last one names the process that logged the line
     if m is not None and m[2] is not None:
         return int(m[2])
     return None
@@ -308,8 +329,11 @@ def _events(text: str, line: int, skip: frozenset = frozenset()) -> list[tuple[i
                 if m[8]:
                     continue  # dummy steps (DP padding) schedule nothing
                 data = {
-                    "engine": m[1], "context_tokens": int(m[4]), "generation_tokens": int(m[6]),
-                    "requests": int(m[3]) + int(m[5]), "elapsed_ms": float(m[7]),
+                    "engine": m[1],
+                    "context_tokens": int(m[4]),
+                    "generation_tokens": int(m[6]),
+                    "requests": int(m[3]) + int(m[5]),
+                    "elapsed_ms": float(m[7]),
                 }
             elif kind == "v0_prefix":
                 data = {"gpu": float(m[1]), "cpu": float(m[2])}
@@ -435,8 +459,10 @@ class Assembler:
                 h.v0_prefix = float(m[1])
                 out += self._finalize()
                 return out + self._fresh(b, skip=frozenset({"v0_prefix"}))
-            if h.waited < self.V0_PATIENCE and not has_anchor and not any(
-                e.kind in START_KINDS or e.kind == "preemption" for _, e in _events(b.text, 0)
+            if (
+                h.waited < self.V0_PATIENCE
+                and not has_anchor
+                and not any(e.kind in START_KINDS or e.kind == "preemption" for _, e in _events(b.text, 0))
             ):
                 h.waited += 1
                 self.pending += [e for _, e in _events(b.text, b.pieces[0][1])]

@@ -68,7 +68,11 @@ def _span_line(span: list[RecordResult]) -> str:
     lines = f"line {a.line}" if a is b else f"lines {a.line}-{b.line}"
     clock = (a.clock or "") if a is b else (f"{a.clock}-{b.clock}" if a.clock and b.clock else "")
     waiting = [r.record.requests_waiting for r in span]
-    wait = f"waiting {waiting[0]}" if len(set(waiting)) == 1 else f"waiting {waiting[0]}->{waiting[-1]} (max {max(waiting)})"
+    wait = (
+        f"waiting {waiting[0]}"
+        if len(set(waiting)) == 1
+        else f"waiting {waiting[0]}->{waiting[-1]} (max {max(waiting)})"
+    )
     running = _range([r.record.requests_running for r in span])
     kvs = [r.record.kv_cache_usage_ratio for r in span if r.record.kv_cache_usage_ratio is not None]
     kv = f", KV {_range(kvs, lambda v: f'{v * 100:.0f}')}%" if kvs else ""
@@ -84,7 +88,9 @@ def _span_line(span: list[RecordResult]) -> str:
 def render_report(name: str, an: LogAnalyzer, skipped: list[int], max_spans: int = 60) -> str:
     results = an.results
     out = [f"kvwatch logs: {name}", *_header(an, skipped), ""]
-    out.append("Timeline (consecutive records in the same state; throughput is vLLM's interval average, the rest instants):")
+    out.append(
+        "Timeline (consecutive records in the same state; throughput is vLLM's interval average, the rest instants):"
+    )
     spans = _spans(results)
     shown = spans if len(spans) <= max_spans else spans[: max_spans // 2] + [None] + spans[-max_spans // 2 :]
     out += ["  ..." if span is None else _span_line(span) for span in shown]
@@ -99,8 +105,10 @@ def _header(an: LogAnalyzer, skipped: list[int]) -> list[str]:
     if len(an.configs) > 1:
         starts = [str(c.start_line) for c in an.configs if c.start_line is not None]
         shown = ", ".join(starts[:5]) + (f", ... {starts[-1]}" if len(starts) > 5 else "")
-        out.append(f"the server started {len(starts)} times in this log (lines {shown}); "
-                   "what follows describes the last run's start-up")
+        out.append(
+            f"the server started {len(starts)} times in this log (lines {shown}); "
+            "what follows describes the last run's start-up"
+        )
     out += [f"  {line}" for line in an.describe_config()]
     engines = sorted({r.record.engine for r in results})
     first, last = results[0].record, results[-1].record
@@ -109,9 +117,14 @@ def _header(an: LogAnalyzer, skipped: list[int]) -> list[str]:
         f"(lines {first.line}-{last.line}"
         + (f", {first.clock} to {last.clock}" if first.clock and last.clock else "")
         + ")"
-        + (f"; {len(skipped)} incomplete stats {'fragment' if len(skipped) == 1 else 'fragments'} skipped "
-           f"(line{'' if len(skipped) == 1 else 's'} {', '.join(map(str, skipped[:10]))}"
-           + (" ..." if len(skipped) > 10 else "") + ")" if skipped else "")
+        + (
+            f"; {len(skipped)} incomplete stats {'fragment' if len(skipped) == 1 else 'fragments'} skipped "
+            f"(line{'' if len(skipped) == 1 else 's'} {', '.join(map(str, skipped[:10]))}"
+            + (" ..." if len(skipped) > 10 else "")
+            + ")"
+            if skipped
+            else ""
+        )
     )
     return out
 

@@ -64,21 +64,43 @@ def build_parser() -> argparse.ArgumentParser:
         prog="kvwatch sim",
         description="A simulated vLLM 0.32 server (V1 scheduler model) serving /metrics.",
     )
-    p.add_argument("--scenario", default=None, metavar="NAME",
-                   help="preset: " + ", ".join(list_presets()) + " (default: tour)")
+    p.add_argument(
+        "--scenario", default=None, metavar="NAME", help="preset: " + ", ".join(list_presets()) + " (default: tour)"
+    )
     p.add_argument("--scenario-file", default=None, metavar="F", help="a scenario JSON file of your own")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=_int_range("port", 0, 65535), default=8000,
-                   help="port to bind, 0 = any free port (default 8000, vLLM's)")
+    p.add_argument(
+        "--port",
+        type=_int_range("port", 0, 65535),
+        default=8000,
+        help="port to bind, 0 = any free port (default 8000, vLLM's)",
+    )
     p.add_argument("--seed", type=_int_range("seed", 0, 2**63 - 1), default=0, help="random seed (default 0)")
-    p.add_argument("--speed", type=_positive_float("speed"), default=1.0,
-                   help="simulated seconds per wall-clock second (default 1)")
-    p.add_argument("--engines", type=_int_range("engines", 1, 256), default=None,
-                   help="data-parallel engines (default: the scenario's)")
-    p.add_argument("--metrics-version", default="0.32", metavar="V",
-                   help="exposition to imitate: " + ", ".join(METRICS_VERSIONS) + " (default 0.32)")
-    p.add_argument("--duration", type=_positive_float("duration"), default=None, metavar="S",
-                   help="stop after S wall-clock seconds (default: run until interrupted)")
+    p.add_argument(
+        "--speed",
+        type=_positive_float("speed"),
+        default=1.0,
+        help="simulated seconds per wall-clock second (default 1)",
+    )
+    p.add_argument(
+        "--engines",
+        type=_int_range("engines", 1, 256),
+        default=None,
+        help="data-parallel engines (default: the scenario's)",
+    )
+    p.add_argument(
+        "--metrics-version",
+        default="0.32",
+        metavar="V",
+        help="exposition to imitate: " + ", ".join(METRICS_VERSIONS) + " (default 0.32)",
+    )
+    p.add_argument(
+        "--duration",
+        type=_positive_float("duration"),
+        default=None,
+        metavar="S",
+        help="stop after S wall-clock seconds (default: run until interrupted)",
+    )
     p.add_argument("--list-scenarios", action="store_true", help="print the presets and exit")
     return p
 
@@ -119,8 +141,15 @@ async def _serve(scenario, args, version) -> int:
     def on_phase(name: str, t: float) -> None:
         print(f"phase {name} (t={t:.1f}s simulated)", flush=True)
 
-    server = SimServer(scenario, host=args.host, port=args.port, seed=args.seed, speed=args.speed,
-                       metrics_version=version, on_phase=on_phase)
+    server = SimServer(
+        scenario,
+        host=args.host,
+        port=args.port,
+        seed=args.seed,
+        speed=args.speed,
+        metrics_version=version,
+        on_phase=on_phase,
+    )
     try:
         await server.start()
     except OSError as e:

@@ -64,7 +64,7 @@ class PrefixRun:
 
     __slots__ = ("key", "parent", "nblocks", "refs", "cached")
 
-    def __init__(self, key, parent: "PrefixRun | None", nblocks: int):
+    def __init__(self, key, parent: PrefixRun | None, nblocks: int):
         self.key = key
         self.parent = parent
         self.nblocks = nblocks
@@ -74,10 +74,27 @@ class PrefixRun:
 
 class Request:
     __slots__ = (
-        "rid", "arrival", "prompt_len", "max_tokens", "out_target", "n", "lora", "chain_keys",
-        "num_computed", "num_tokens", "output", "blocks", "runs", "shared_blocks",
-        "scheduled_ts", "first_token_ts", "last_token_ts", "num_preemptions", "cached_tokens",
-        "prompt_bytes", "deferred",
+        "rid",
+        "arrival",
+        "prompt_len",
+        "max_tokens",
+        "out_target",
+        "n",
+        "lora",
+        "chain_keys",
+        "num_computed",
+        "num_tokens",
+        "output",
+        "blocks",
+        "runs",
+        "shared_blocks",
+        "scheduled_ts",
+        "first_token_ts",
+        "last_token_ts",
+        "num_preemptions",
+        "cached_tokens",
+        "prompt_bytes",
+        "deferred",
     )
 
     def __init__(self, rid, arrival, prompt_len, out_target, max_tokens, n=1, lora=None, chain_keys=()):

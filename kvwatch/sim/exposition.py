@@ -39,12 +39,19 @@ import os
 import platform
 import time
 
-
 __all__ = ["METRICS_VERSIONS", "float_to_go", "render"]
 
 METRICS_VERSIONS = ("0.32", "0.10", "v0")
-_VERSION_ALIASES = {"0.32": "0.32", "v1": "0.32", "0.32.0": "0.32", "0.10": "0.10", "0.9": "0.10",
-                    "0.11": "0.10", "v0": "v0", "0": "v0"}
+_VERSION_ALIASES = {
+    "0.32": "0.32",
+    "v1": "0.32",
+    "0.32.0": "0.32",
+    "0.10": "0.10",
+    "0.9": "0.10",
+    "0.11": "0.10",
+    "v0": "v0",
+    "0": "v0",
+}
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -68,7 +75,7 @@ def float_to_go(d: float) -> str:
     s = repr(d)
     dot = s.find(".")
     if d > 0 and dot > 6:
-        mantissa = f"{s[0]}.{s[1:dot]}{s[dot + 1:]}".rstrip("0.")
+        mantissa = f"{s[0]}.{s[1:dot]}{s[dot + 1 :]}".rstrip("0.")
         return f"{mantissa}e+{dot - 1:02d}"
     return s
 
@@ -226,8 +233,19 @@ def _process_families(out: _Out, start_time: float) -> None:
     impl = platform.python_implementation()
     major, minor, patch = platform.python_version_tuple()
     out.head("python_info", "Python platform information", "gauge")
-    out.sample("python_info", _labels({"implementation": impl, "major": major, "minor": minor,
-                                       "patchlevel": patch, "version": platform.python_version()}), 1.0)
+    out.sample(
+        "python_info",
+        _labels(
+            {
+                "implementation": impl,
+                "major": major,
+                "minor": minor,
+                "patchlevel": patch,
+                "version": platform.python_version(),
+            }
+        ),
+        1.0,
+    )
     try:
         with open("/proc/self/statm", "rb") as f:
             parts = f.read().split()
@@ -258,8 +276,12 @@ def _http_families(out: _Out, sim) -> None:
     handler = {"handler": "/v1/completions"}
     done = h.requests > 0
     hc = h.handler_created or h.created
-    out.simple("http_requests_total", HTTP_HELP["http_requests"], "counter",
-               [({**handler, "method": "POST", "status": "2xx"}, h.requests, hc)] if done else [])
+    out.simple(
+        "http_requests_total",
+        HTTP_HELP["http_requests"],
+        "counter",
+        [({**handler, "method": "POST", "status": "2xx"}, h.requests, hc)] if done else [],
+    )
     for fam, total in (("http_request_size_bytes", h.request_bytes), ("http_response_size_bytes", 0)):
         out.head(fam, HTTP_HELP[fam], "summary")
         if done:
@@ -269,8 +291,7 @@ def _http_families(out: _Out, sim) -> None:
             out.head(fam + "_created", HTTP_HELP[fam], "gauge")
             if done:
                 out.sample(fam + "_created", _labels(handler), hc)
-    out.hist("http_request_duration_highr_seconds", HTTP_HELP["http_request_duration_highr_seconds"],
-             [({}, h.h_highr)])
+    out.hist("http_request_duration_highr_seconds", HTTP_HELP["http_request_duration_highr_seconds"], [({}, h.h_highr)])
     rows = []
     if done:
         h.h_duration.created = hc
@@ -287,27 +308,56 @@ def cache_config_labels(cfg, engine: int | None, version: str) -> dict:
     if version == "v0":
         block_bytes = bs * cfg.kv_bytes_per_token
         return {
-            "block_size": str(bs), "cache_dtype": cfg.cache_dtype, "calculate_kv_scales": "False",
-            "cpu_offload_gb": "0", "enable_prefix_caching": str(cfg.enable_prefix_caching),
-            "gpu_memory_utilization": str(cfg.gpu_memory_utilization), "is_attention_free": "False",
-            "num_cpu_blocks": str(4 * 1024**3 // block_bytes), "num_gpu_blocks": str(cfg.num_gpu_blocks),
-            "num_gpu_blocks_override": "None", "sliding_window": "None", "swap_space_bytes": str(4 * 1024**3),
+            "block_size": str(bs),
+            "cache_dtype": cfg.cache_dtype,
+            "calculate_kv_scales": "False",
+            "cpu_offload_gb": "0",
+            "enable_prefix_caching": str(cfg.enable_prefix_caching),
+            "gpu_memory_utilization": str(cfg.gpu_memory_utilization),
+            "is_attention_free": "False",
+            "num_cpu_blocks": str(4 * 1024**3 // block_bytes),
+            "num_gpu_blocks": str(cfg.num_gpu_blocks),
+            "num_gpu_blocks_override": "None",
+            "sliding_window": "None",
+            "swap_space_bytes": str(4 * 1024**3),
         }
     return {
-        "_block_size_resolved": "True", "block_size": str(bs), "cache_dtype": cfg.cache_dtype,
-        "cache_hit_alignment_tokens": "None", "effective_attention_block_size": str(bs),
-        "enable_mamba_shared_prefix_checkpoint": "False", "enable_prefix_caching": str(cfg.enable_prefix_caching),
-        "engine": str(engine), "gpu_memory_utilization": str(cfg.gpu_memory_utilization),
-        "hash_block_size": "None", "is_attention_free": "False", "kv_cache_dtype_skip_layers": "[]",
-        "kv_cache_layout": "None", "kv_cache_max_concurrency": str(tokens / cfg.max_model_len),
-        "kv_cache_memory_bytes": str(tokens * cfg.kv_bytes_per_token), "kv_cache_size_tokens": str(tokens),
-        "kv_offloading_backend": "native", "kv_offloading_size": "None", "kv_sharing_fast_prefill": "False",
-        "mamba_block_size": "None", "mamba_cache_dtype": "auto", "mamba_cache_mode": "none",
-        "mamba_page_size_padded": "None", "mamba_ssm_cache_dtype": "float32", "num_cpu_blocks": "None",
-        "num_gpu_blocks": str(cfg.num_gpu_blocks), "num_gpu_blocks_override": "None",
-        "prefix_cache_retention_interval": "0", "prefix_caching_hash_algo": "sha256", "prefix_match_unit": "None",
-        "replayssm_buffer_len": "16", "skip_page_size_padded": "None", "sliding_window": "None",
-        "swa_bounded_replay": "True", "use_kda_recoverssm": "False", "use_replayssm": "False",
+        "_block_size_resolved": "True",
+        "block_size": str(bs),
+        "cache_dtype": cfg.cache_dtype,
+        "cache_hit_alignment_tokens": "None",
+        "effective_attention_block_size": str(bs),
+        "enable_mamba_shared_prefix_checkpoint": "False",
+        "enable_prefix_caching": str(cfg.enable_prefix_caching),
+        "engine": str(engine),
+        "gpu_memory_utilization": str(cfg.gpu_memory_utilization),
+        "hash_block_size": "None",
+        "is_attention_free": "False",
+        "kv_cache_dtype_skip_layers": "[]",
+        "kv_cache_layout": "None",
+        "kv_cache_max_concurrency": str(tokens / cfg.max_model_len),
+        "kv_cache_memory_bytes": str(tokens * cfg.kv_bytes_per_token),
+        "kv_cache_size_tokens": str(tokens),
+        "kv_offloading_backend": "native",
+        "kv_offloading_size": "None",
+        "kv_sharing_fast_prefill": "False",
+        "mamba_block_size": "None",
+        "mamba_cache_dtype": "auto",
+        "mamba_cache_mode": "none",
+        "mamba_page_size_padded": "None",
+        "mamba_ssm_cache_dtype": "float32",
+        "num_cpu_blocks": "None",
+        "num_gpu_blocks": str(cfg.num_gpu_blocks),
+        "num_gpu_blocks_override": "None",
+        "prefix_cache_retention_interval": "0",
+        "prefix_caching_hash_algo": "sha256",
+        "prefix_match_unit": "None",
+        "replayssm_buffer_len": "16",
+        "skip_page_size_padded": "None",
+        "sliding_window": "None",
+        "swa_bounded_replay": "True",
+        "use_kda_recoverssm": "False",
+        "use_replayssm": "False",
         "user_specified_block_size": "True",
     }
 
@@ -332,8 +382,12 @@ def render(sim, version: str = "0.32", process_start: float | None = None) -> st
     for name, key, attr in _V1_HISTOGRAMS:
         out.hist(name, H[key], [(pe.lab[i], getattr(s, attr)) for i, s in enumerate(pe.st)])
     _lora_family(out, sim)
-    out.simple("vllm:cache_config_info", H["cache_config_info"], "gauge",
-               [(cache_config_labels(e.cfg, e.index, version), 1.0, 0.0) for e in sim.engines])
+    out.simple(
+        "vllm:cache_config_info",
+        H["cache_config_info"],
+        "gauge",
+        [(cache_config_labels(e.cfg, e.index, version), 1.0, 0.0) for e in sim.engines],
+    )
     _http_families(out, sim)
     return out.text()
 
@@ -368,19 +422,34 @@ def _scheduler_families(pe: _PerEngine) -> None:
     pe.series("vllm:estimated_write_bytes_per_gpu_total", "estimated_write_bytes_per_gpu", pe.zeros, "counter")
     pe.series("vllm:num_requests_running", "num_requests_running", [s.running for s in pe.st], "gauge")
     pe.series("vllm:num_requests_waiting", "num_requests_waiting", [s.waiting for s in pe.st], "gauge")
-    pe.split("vllm:num_requests_waiting_by_reason", "num_requests_waiting_by_reason", "gauge", "reason",
-             lambda s: (("capacity", s.waiting - s.waiting_deferred), ("deferred", s.waiting_deferred)))
-    pe.split("vllm:engine_sleep_state", "engine_sleep_state", "gauge", "sleep_state",
-             lambda s: (("awake", 1.0), ("weights_offloaded", 0.0), ("discard_all", 0.0)))
+    pe.split(
+        "vllm:num_requests_waiting_by_reason",
+        "num_requests_waiting_by_reason",
+        "gauge",
+        "reason",
+        lambda s: (("capacity", s.waiting - s.waiting_deferred), ("deferred", s.waiting_deferred)),
+    )
+    pe.split(
+        "vllm:engine_sleep_state",
+        "engine_sleep_state",
+        "gauge",
+        "sleep_state",
+        lambda s: (("awake", 1.0), ("weights_offloaded", 0.0), ("discard_all", 0.0)),
+    )
 
 
 def _deprecated_010_families(pe: _PerEngine) -> None:
     """The old names 0.9-0.11 still exported next to the new ones (same values)."""
     pe.series("vllm:gpu_cache_usage_perc", "gpu_cache_usage_perc_010", [s.kv_usage for s in pe.st], "gauge")
-    pe.series("vllm:gpu_prefix_cache_queries_total", "gpu_prefix_cache_queries_010",
-              [s.prefix_queries for s in pe.st], "counter")
-    pe.series("vllm:gpu_prefix_cache_hits_total", "gpu_prefix_cache_hits_010",
-              [s.prefix_hits for s in pe.st], "counter")
+    pe.series(
+        "vllm:gpu_prefix_cache_queries_total",
+        "gpu_prefix_cache_queries_010",
+        [s.prefix_queries for s in pe.st],
+        "counter",
+    )
+    pe.series(
+        "vllm:gpu_prefix_cache_hits_total", "gpu_prefix_cache_hits_010", [s.prefix_hits for s in pe.st], "counter"
+    )
 
 
 def _cache_families(pe: _PerEngine) -> None:
@@ -400,21 +469,47 @@ def _token_and_request_counters(pe: _PerEngine) -> None:
     st = pe.st
     pe.series("vllm:num_preemptions_total", "num_preemptions", [s.preemptions for s in st], "counter")
     pe.series("vllm:prompt_tokens_total", "prompt_tokens", [s.prompt_tokens for s in st], "counter")
-    pe.split("vllm:prompt_tokens_by_source_total", "prompt_tokens_by_source", "counter", "source",
-             lambda s: (("local_compute", s.prompt_local_compute), ("local_cache_hit", s.prompt_local_cache_hit),
-                        ("external_kv_transfer", 0)))
+    pe.split(
+        "vllm:prompt_tokens_by_source_total",
+        "prompt_tokens_by_source",
+        "counter",
+        "source",
+        lambda s: (
+            ("local_compute", s.prompt_local_compute),
+            ("local_cache_hit", s.prompt_local_cache_hit),
+            ("external_kv_transfer", 0),
+        ),
+    )
     pe.series("vllm:prompt_tokens_cached_total", "prompt_tokens_cached", [s.prompt_cached for s in st], "counter")
     # Only the device tier exists in the simulator (no KV offloading or connectors).
-    pe.split("vllm:prompt_tokens_cached_by_source_total", "prompt_tokens_cached_by_source", "counter", "source",
-             lambda s: [(src, s.cached_device if src == "device" else 0)
-                        for src in ("device", "host", "p2p", "disk", "external_unspecified")])
+    pe.split(
+        "vllm:prompt_tokens_cached_by_source_total",
+        "prompt_tokens_cached_by_source",
+        "counter",
+        "source",
+        lambda s: [
+            (src, s.cached_device if src == "device" else 0)
+            for src in ("device", "host", "p2p", "disk", "external_unspecified")
+        ],
+    )
     pe.series("vllm:generation_tokens_total", "generation_tokens", [s.gen_tokens for s in st], "counter")
-    pe.split("vllm:request_success_total", "request_success", "counter", "finished_reason",
-             lambda s: [(r, s.success[r]) for r in FINISH_REASONS])
+    pe.split(
+        "vllm:request_success_total",
+        "request_success",
+        "counter",
+        "finished_reason",
+        lambda s: [(r, s.success[r]) for r in FINISH_REASONS],
+    )
     # Labelled by model and reason only, as in the 0.32 captures: no engine label.
-    pe.out.simple("vllm:admission_rejections_total", H["admission_rejections"], "counter",
-                  [({"model_name": pe.model, "reason": r}, 0.0, pe.cr[0])
-                   for r in ("max_num_queued_reqs", "max_num_queued_tokens")])
+    pe.out.simple(
+        "vllm:admission_rejections_total",
+        H["admission_rejections"],
+        "counter",
+        [
+            ({"model_name": pe.model, "reason": r}, 0.0, pe.cr[0])
+            for r in ("max_num_queued_reqs", "max_num_queued_tokens")
+        ],
+    )
 
 
 # (family, help key, EngineStats attribute), in vLLM 0.32's order
@@ -444,8 +539,10 @@ def _lora_family(out: _Out, sim) -> None:
     if not any(e.cfg.max_loras for e in engines):
         return
     max_lora = str(max(e.cfg.max_loras for e in engines))
-    rows = [({"max_lora": max_lora, "running_lora_adapters": r, "waiting_lora_adapters": w}, t, 0.0)
-            for (r, w), t in sim.lora_info.items()]
+    rows = [
+        ({"max_lora": max_lora, "running_lora_adapters": r, "waiting_lora_adapters": w}, t, 0.0)
+        for (r, w), t in sim.lora_info.items()
+    ]
     out.simple("vllm:lora_requests_info", H["lora_requests_info"], "gauge", rows)
 
 
@@ -457,8 +554,9 @@ def _render_v0(sim) -> str:
     s = e.stats
     cfg = e.cfg
     lab = {"model_name": cfg.model_name}
-    out.simple("vllm:cache_config_info", H["cache_config_info"], "gauge",
-               [(cache_config_labels(cfg, None, "v0"), 1.0, 0.0)])
+    out.simple(
+        "vllm:cache_config_info", H["cache_config_info"], "gauge", [(cache_config_labels(cfg, None, "v0"), 1.0, 0.0)]
+    )
     hit_rate = -1.0
     if cfg.enable_prefix_caching:
         hit_rate = s.prefix_hits / s.prefix_queries if s.prefix_queries else 0.0
@@ -474,14 +572,31 @@ def _render_v0(sim) -> str:
         out.simple(name, V0_HELP[key], "gauge", [(lab, val, 0.0)])
     # V0 always registered lora_requests_info and set it on every logging pass.
     t_last = sim.wall_start + (e.prev_end if e.prev_end >= 0 else 0.0)
-    out.simple("vllm:lora_requests_info", H["lora_requests_info"], "gauge",
-               [({"max_lora": str(cfg.max_loras), "running_lora_adapters": ",".join(s.running_loras),
-                  "waiting_lora_adapters": ",".join(s.waiting_loras)}, t_last, 0.0)])
+    out.simple(
+        "vllm:lora_requests_info",
+        H["lora_requests_info"],
+        "gauge",
+        [
+            (
+                {
+                    "max_lora": str(cfg.max_loras),
+                    "running_lora_adapters": ",".join(s.running_loras),
+                    "waiting_lora_adapters": ",".join(s.waiting_loras),
+                },
+                t_last,
+                0.0,
+            )
+        ],
+    )
     out.simple("vllm:num_preemptions_total", H["num_preemptions"], "counter", [(lab, s.preemptions, 0.0)])
     out.simple("vllm:prompt_tokens_total", H["prompt_tokens"], "counter", [(lab, s.prompt_tokens, 0.0)])
     out.simple("vllm:generation_tokens_total", H["generation_tokens"], "counter", [(lab, s.gen_tokens, 0.0)])
-    out.simple("vllm:request_success_total", H["request_success"], "counter",
-               [({**lab, "finished_reason": r}, s.success[r], 0.0) for r in FINISH_REASONS if s.success[r]])
+    out.simple(
+        "vllm:request_success_total",
+        H["request_success"],
+        "counter",
+        [({**lab, "finished_reason": r}, s.success[r], 0.0) for r in FINISH_REASONS if s.success[r]],
+    )
     it = s.h_iteration_v0
     for name, key, h in (
         ("vllm:iteration_tokens_total", H["iteration_tokens_total"], it),

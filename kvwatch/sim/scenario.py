@@ -54,13 +54,33 @@ import json
 import math
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar, Union
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import (AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError,
-                      ValidationInfo, field_validator, model_validator)
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
-__all__ = ["Dist", "EngineConfig", "Phase", "Scenario", "ScenarioError", "StepTime", "Workload",
-           "list_presets", "load_scenario", "parse_scenario"]
+__all__ = [
+    "Dist",
+    "EngineConfig",
+    "Phase",
+    "Scenario",
+    "ScenarioError",
+    "StepTime",
+    "Workload",
+    "list_presets",
+    "load_scenario",
+    "parse_scenario",
+]
 
 
 class ScenarioError(ValueError):
@@ -151,15 +171,16 @@ def _dist_kind(v: Any) -> str | None:
 
 # A token-length distribution: a number (fixed) or {"dist": ..., ...}; ``sample(rng)`` is an int >= 1.
 Dist = Annotated[
-    Union[
-        Annotated[Fixed, Tag("fixed")],
-        Annotated[Uniform, Tag("uniform")],
-        Annotated[Normal, Tag("normal")],
-        Annotated[Lognormal, Tag("lognormal")],
-        Annotated[float, Field(ge=1), AfterValidator(lambda v: Fixed(value=v)), Tag("number")],
-    ],
-    Discriminator(_dist_kind, custom_error_type="dist",
-                  custom_error_message="expected a number or a distribution (dist: fixed, uniform, normal, lognormal)"),
+    Annotated[Fixed, Tag("fixed")]
+    | Annotated[Uniform, Tag("uniform")]
+    | Annotated[Normal, Tag("normal")]
+    | Annotated[Lognormal, Tag("lognormal")]
+    | Annotated[float, Field(ge=1), AfterValidator(lambda v: Fixed(value=v)), Tag("number")],
+    Discriminator(
+        _dist_kind,
+        custom_error_type="dist",
+        custom_error_message="expected a number or a distribution (dist: fixed, uniform, normal, lognormal)",
+    ),
 ]
 _DIST_FIELDS = ("prompt_tokens", "output_tokens")
 
@@ -317,8 +338,12 @@ class Scenario(_Model):
 _M = TypeVar("_M", bound=_Model)
 
 # pydantic's wording where it speaks Python (classes, tuples) to someone editing JSON
-_PLAIN = {"extra_forbidden": "unknown key", "model_type": "expected an object",
-          "tuple_type": "expected a list", "too_short": "must not be empty"}
+_PLAIN = {
+    "extra_forbidden": "unknown key",
+    "model_type": "expected an object",
+    "tuple_type": "expected a list",
+    "too_short": "must not be empty",
+}
 
 
 def _check(model: type[_M], data: Any, where: str) -> _M:
@@ -328,7 +353,7 @@ def _check(model: type[_M], data: Any, where: str) -> _M:
     except ValidationError as e:
         err = e.errors(include_url=False)[0]
         path = where
-        for prev, key in zip((None, *err["loc"]), err["loc"]):
+        for prev, key in zip((None, *err["loc"]), err["loc"], strict=False):
             if prev in _DIST_FIELDS:
                 continue  # the branch of the Dist union pydantic took, not a key of the document
             path += f"[{key}]" if isinstance(key, int) else f".{key}"
@@ -359,16 +384,20 @@ def _workload(base: Workload, raw: Any, where: str) -> Workload:
         raise ScenarioError(f"{where}: give prefix_tokens or shared_prefix_fraction, not both")
     # That share of this layer's mean prompt becomes the shared prefix; the rest stays random.
     pre = int(round(wl.shared_prefix_fraction * wl.prompt_tokens.expected))
-    return wl.model_copy(update={"prefix_tokens": pre, "prompt_tokens": wl.prompt_tokens.shrink(pre),
-                                 "shared_prefix_fraction": None})
+    return wl.model_copy(
+        update={"prefix_tokens": pre, "prompt_tokens": wl.prompt_tokens.shrink(pre), "shared_prefix_fraction": None}
+    )
 
 
 def _phase(raw: Any, i: int, engine: EngineConfig, workload: Workload) -> Phase:
     where = f"phases[{i}]"
     if isinstance(raw, dict):
-        raw = {"name": f"phase{i}", **raw,
-               "workload": _workload(workload, raw.get("workload", {}), f"{where}.workload"),
-               "engine": _engine(engine, raw.get("engine", {}), f"{where}.engine", runtime_only=True)}
+        raw = {
+            "name": f"phase{i}",
+            **raw,
+            "workload": _workload(workload, raw.get("workload", {}), f"{where}.workload"),
+            "engine": _engine(engine, raw.get("engine", {}), f"{where}.engine", runtime_only=True),
+        }
     return _check(Phase, raw, where)
 
 

@@ -7,8 +7,8 @@ import gzip
 import json
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from aiohttp import web
 
@@ -79,7 +79,7 @@ class SimServer:
 
     # ------------------------------------------------------------------ lifecycle
 
-    async def start(self) -> "SimServer":
+    async def start(self) -> SimServer:
         loop = asyncio.get_running_loop()
         self.simulator = Simulator(self.scenario, seed=self.seed, wall_start=time.time())
         self._t0 = loop.time()
@@ -110,7 +110,7 @@ class SimServer:
             await self._runner.cleanup()
             self._runner = None
 
-    async def __aenter__(self) -> "SimServer":
+    async def __aenter__(self) -> SimServer:
         return await self.start()
 
     async def __aexit__(self, *exc) -> None:
@@ -212,11 +212,22 @@ class SimServer:
         sim = self.simulator
         assert sim is not None
         model = sim.engines[0].cfg.model_name
-        return web.json_response({
-            "object": "list",
-            "data": [{"id": model, "object": "model", "created": int(sim.wall_start), "owned_by": "vllm",
-                      "root": model, "parent": None, "max_model_len": sim.engines[0].cfg.max_model_len}],
-        })
+        return web.json_response(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": model,
+                        "object": "model",
+                        "created": int(sim.wall_start),
+                        "owned_by": "vllm",
+                        "root": model,
+                        "parent": None,
+                        "max_model_len": sim.engines[0].cfg.max_model_len,
+                    }
+                ],
+            }
+        )
 
     async def _state(self, request: web.Request) -> web.Response:
         return web.Response(text=json.dumps(self.state()), content_type="application/json")

@@ -42,8 +42,7 @@ class Simulator:
     >>> sim.engines[0].stats.running  # as /metrics would show it now
     """
 
-    def __init__(self, scenario: Scenario, seed: int = 0, engines: int | None = None,
-                 wall_start: float | None = None):
+    def __init__(self, scenario: Scenario, seed: int = 0, engines: int | None = None, wall_start: float | None = None):
         if engines is not None:
             scenario = scenario.with_engines(engines)
         self.scenario = scenario
@@ -52,8 +51,14 @@ class Simulator:
         self.rng = random.Random(f"kvwatch-sim/{seed}/workload")
         self.now = 0.0
         self.engines = [
-            Engine(i, scenario.phases[0].engine, random.Random(f"kvwatch-sim/{seed}/engine/{i}"),
-                   self.wall_start, on_finish=self._on_finish, on_lora=self._on_lora)
+            Engine(
+                i,
+                scenario.phases[0].engine,
+                random.Random(f"kvwatch-sim/{seed}/engine/{i}"),
+                self.wall_start,
+                on_finish=self._on_finish,
+                on_lora=self._on_lora,
+            )
             for i in range(scenario.engines)
         ]
         self.http = HttpStats(self.wall_start)
