@@ -570,6 +570,14 @@ def _render_v0(sim) -> str:
         ("vllm:gpu_prefix_cache_hit_rate", "gpu_prefix_cache_hit_rate", hit_rate),
     ):
         out.simple(name, V0_HELP[key], "gauge", [(lab, val, 0.0)])
+    _v0_lora_and_counters(out, sim, e, lab)
+    _v0_histograms(out, s, lab)
+    _http_families(out, sim)
+    return out.text()
+
+
+def _v0_lora_and_counters(out, sim, e, lab: dict) -> None:
+    s, cfg = e.stats, e.cfg
     # V0 always registered lora_requests_info and set it on every logging pass.
     t_last = sim.wall_start + (e.prev_end if e.prev_end >= 0 else 0.0)
     out.simple(
@@ -597,6 +605,9 @@ def _render_v0(sim) -> str:
         "counter",
         [({**lab, "finished_reason": r}, s.success[r], 0.0) for r in FINISH_REASONS if s.success[r]],
     )
+
+
+def _v0_histograms(out, s, lab: dict) -> None:
     it = s.h_iteration_v0
     for name, key, h in (
         ("vllm:iteration_tokens_total", H["iteration_tokens_total"], it),
@@ -614,8 +625,6 @@ def _render_v0(sim) -> str:
         ("vllm:request_params_max_tokens", H["request_params_max_tokens"], s.h_max_tokens),
     ):
         out.hist(name, key, [(lab, h)], v0=True)
-    _http_families(out, sim)
-    return out.text()
 
 
 def process_start_time() -> float:
