@@ -98,6 +98,7 @@ class Monitor:
         was_up = state.up
         started = time.perf_counter()
         t = self.clock()
+        assert self.fetcher is not None  # open() sets it before any scrape
         try:
             body = await self.fetcher.fetch(target)
             try:

@@ -188,6 +188,7 @@ def _replay(args, settings: Settings) -> int:
         if args.timeline:
             print(json.dumps(final.as_dict()), flush=True)
     if not args.timeline:
+        assert final is not None  # files is not empty
         _print_result(final, hist, args.json)
     return 0
 

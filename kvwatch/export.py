@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from operator import attrgetter
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from kvwatch import __version__
@@ -31,8 +31,11 @@ __all__ = ["KvwatchCollector"]
 _ENGINE_GAUGES = [(f, attrgetter(f.signal)) for f in FAMILIES if f.signal]
 _QUANTILES = [f for f in FAMILIES if f.labels[-1] == "quantile"]
 
+# The catalogue's families are gauges and counters (prometheus_client's Metric has no add_metric).
+_Metric = GaugeMetricFamily | CounterMetricFamily
 
-def _new(f: Family) -> Metric:
+
+def _new(f: Family) -> _Metric:
     cls = CounterMetricFamily if f.type == "counter" else GaugeMetricFamily
     return cls(f.name, f.help, labels=list(f.labels))
 
@@ -54,7 +57,7 @@ class KvwatchCollector(Collector):
         yield from fams.values()
 
 
-def _add_target(fams: dict[str, Metric], t: Target) -> None:
+def _add_target(fams: dict[str, _Metric], t: Target) -> None:
     name = t.target
     fams["kvwatch_up"].add_metric([name], 1.0 if t.up else 0.0)
     if t.scrape_duration_seconds is not None:
@@ -70,7 +73,7 @@ def _add_target(fams: dict[str, Metric], t: Target) -> None:
         _add_engine(fams, [name, d.model_name, d.engine], d)
 
 
-def _add_engine(fams: dict[str, Metric], labels: list[str], d: Diagnosis) -> None:
+def _add_engine(fams: dict[str, _Metric], labels: list[str], d: Diagnosis) -> None:
     s = d.signals
     for f, value in _ENGINE_GAUGES:
         v = value(s)

@@ -16,9 +16,10 @@ Unknown families are ignored.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from kvwatch.parse import Family
+from kvwatch.parse import Family, Sample
 
 __all__ = ["CacheConfig", "EngineSnapshot", "Histogram", "KEEP_FAMILIES", "normalize", "OVERFLOW"]
 
@@ -71,7 +72,7 @@ def keep_family(name: str) -> bool:
 @dataclass(slots=True)
 class Histogram:
     bounds: tuple[float, ...]  # bucket upper bounds, ascending, last is +Inf
-    counts: list[float]  # cumulative counts per bound
+    counts: Sequence[float]  # cumulative counts per bound (a list, or an array('d') in the window's history)
     sum: float = 0.0
     count: float = 0.0
 
@@ -337,7 +338,7 @@ def _apply_lora_info(fam: Family | None, out: dict[tuple[str, str], EngineSnapsh
     if fam is None or not fam.samples:
         return
     # One series per adapter combination ever seen, valued with the time it was set: the newest is current.
-    by_scope: dict[tuple[str | None, str | None], object] = {}
+    by_scope: dict[tuple[str | None, str | None], Sample] = {}
     for smp in fam.samples:
         scope = (smp.labels.get("model_name"), smp.labels.get("engine"))
         if scope not in by_scope or smp.value >= by_scope[scope].value:

@@ -319,7 +319,9 @@ def parse(body: str, keep: Callable[[str], bool] | None = None) -> dict[str, Fam
                 # event loop keeps running while a huge body is parsed in a worker thread.
                 while True:
                     stop = min(end, pos + _CHUNK)
-                    moved = skip.match(body, pos, stop).end()
+                    run = skip.match(body, pos, stop)
+                    assert run is not None  # the pattern is a (...)*: it matches, if only the empty string
+                    moved = run.end()
                     done = moved == pos or stop == end
                     pos = moved
                     if done:
@@ -357,6 +359,7 @@ def parse(body: str, keep: Callable[[str], bool] | None = None) -> dict[str, Fam
         if m is not None:
             name, text, value, ts = m.groups()
             try:
+                labels: dict[str, str] | None
                 if text is None:
                     labels = {}
                 else:

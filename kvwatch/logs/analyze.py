@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, field, replace
+from typing import Any, Generic, TypeVar
 
 from kvwatch.catalog import Bottleneck, Source, Thresholds
 from kvwatch.diagnose import Diagnosis, Hints, diagnose_engine
@@ -30,12 +31,14 @@ __all__ = ["LogAnalyzer", "RecordResult", "ServerConfig"]
 V1_INTERVAL = 10.0  # VLLM_LOG_STATS_INTERVAL's default
 V0_INTERVAL = 5.0  # V0's _LOCAL_LOGGING_INTERVAL_SEC
 
+T = TypeVar("T")
+
 
 @dataclass(slots=True)
-class Known:
+class Known(Generic[T]):
     """A value read from the log, and the line it came from."""
 
-    value: object
+    value: T
     line: int
     how: str  # "start-up arguments", "engine config", ...
 
@@ -47,10 +50,10 @@ class ServerConfig:
     version: str | None = None
     engine_version: str | None = None  # "0" / "1" from "Initializing a V1 LLM engine"
     model_name: str | None = None
-    known: dict[str, Known] = field(default_factory=dict)  # max_num_seqs, max_num_batched_tokens, ...
-    kv_size: dict[int | None, Known] = field(default_factory=dict)  # per DP rank (None: not tagged)
-    concurrency: dict[int | None, Known] = field(default_factory=dict)  # (max_model_len, x)
-    blocks: dict[int | None, Known] = field(default_factory=dict)
+    known: dict[str, Known[Any]] = field(default_factory=dict)  # max_num_seqs, max_num_batched_tokens, ...
+    kv_size: dict[int | None, Known[int]] = field(default_factory=dict)  # per DP rank (None: not tagged)
+    concurrency: dict[int | None, Known[tuple[int, float]]] = field(default_factory=dict)  # (max_model_len, x)
+    blocks: dict[int | None, Known[int]] = field(default_factory=dict)
     start_line: int | None = None
 
     def get(self, key: str):
@@ -62,14 +65,14 @@ class ServerConfig:
             return
         self.known[key] = Known(value, line, how)
 
-    def _per_rank(self, table: dict, rank: int | None) -> Known | None:
+    def _per_rank(self, table: dict[int | None, Known[T]], rank: int | None) -> Known[T] | None:
         if rank in table:
             return table[rank]
         if None in table:
             return table[None]
         return next(iter(table.values()), None)
 
-    def max_model_len(self, rank: int | None = None) -> Known | None:
+    def max_model_len(self, rank: int | None = None) -> Known[Any] | None:
         c = self._per_rank(self.concurrency, rank)
         if c is not None:
             return Known(c.value[0], c.line, c.how)
@@ -78,13 +81,14 @@ class ServerConfig:
                 return self.known[key]
         return None
 
-    def cache(self, rank: int | None) -> tuple[CacheConfig, Known | None, str | None]:
+    def cache(self, rank: int | None) -> tuple[CacheConfig, Known[Any] | None, str | None]:
         """The engine's cache config, the line its capacity came from, and how it was worked out."""
         size = self._per_rank(self.kv_size, rank)
         conc = self._per_rank(self.concurrency, rank)
         blocks = self._per_rank(self.blocks, rank)
         block_size = self.get("block_size")
         num_blocks = blocks.value if blocks else None
+        cap_from: Known[Any] | None  # Known[int] or the concurrency line's Known[tuple[int, float]]
         cap_from, how = None, None
         kv_tokens = None
         if size is not None:
@@ -305,6 +309,7 @@ class LogAnalyzer:
         # Up to RECENT records, and none from before an idle gap longer than two intervals.
         window = (RECENT - 0.5) * max(typical, interval)
         s = summarize(e.history, t, window_seconds=window, measured=self._measured(rec, e, interval, preemptions))
+        assert s is not None  # the point just added at t is in the window
         hints = self._hints(rec)
         d = diagnose_engine(s, hints, self.thresholds)
         notes = self._notes(rec, d, hints, preemptions, interval, cap_from, cap_how, e)
@@ -371,7 +376,8 @@ class LogAnalyzer:
         c, cli = self.config, self.cli_hints
         seqs = cli.max_num_seqs or c.get("max_num_seqs")
         budget = cli.max_num_batched_tokens or c.get("max_num_batched_tokens")
-        mml = cli.max_model_len or (c.max_model_len().value if c.max_model_len() else None)
+        known_mml = c.max_model_len()
+        mml = cli.max_model_len or (known_mml.value if known_mml else None)
         if rec.aggregated_engines and seqs:
             seqs = int(seqs) * rec.aggregated_engines  # Running and Waiting are summed over the engines
         return Hints(
@@ -550,6 +556,7 @@ class LogAnalyzer:
         facts = []
         cache, cap_from, how = c.cache(None)
         if cache.capacity_tokens:
+            assert cap_from is not None  # c.cache() names the line of any capacity it found
             facts.append(f"KV cache {_fmt_int(cache.capacity_tokens)} tokens (line {cap_from.line}, {how})")
         mml = c.max_model_len()
         if self.cli_hints.max_model_len:

@@ -54,8 +54,9 @@ def _wrapper_timestamp(text: str) -> float | None:
     m = _WRAPPER_TS.match(text)
     if not m:
         return None
+    y, mo, d, h, mi, s = (int(m[i]) for i in range(1, 7))
     try:
-        t = datetime(*(int(m[i]) for i in range(1, 7)), tzinfo=UTC).timestamp()
+        t = datetime(y, mo, d, h, mi, s, tzinfo=UTC).timestamp()
     except ValueError:
         return None
     return t + (float("0." + m[7]) if m[7] else 0.0)

@@ -217,10 +217,10 @@ def parse_segment(seg: str) -> Parsed:
             main = gpu if (gpu is not None and len(kvs) > 1) else kvs[0]
             fields["kv"] = (float(main[2]), main[1])
             end = max(end, main.end())
-            for m in kvs:
-                if m is not main and m[1] == "CPU":
-                    fields["cpu_kv"] = float(m[2])
-                end = max(end, m.end())
+            for k in kvs:
+                if k is not main and k[1] == "CPU":
+                    fields["cpu_kv"] = float(k[2])
+                end = max(end, k.end())
             continue
         m = rx.search(seg)
         if m is None:
@@ -523,6 +523,7 @@ def _record(h: _Held) -> StatsRecord:
     else:
         engine = "0" if fmt == "v0" else "000"
     kv = f.get("kv")
+    fetch = f.get("kv_fetch")  # the three groups of _F["kv_fetch"]
     rec = StatsRecord(
         line=h.line,
         engine=engine,
@@ -538,7 +539,7 @@ def _record(h: _Held) -> StatsRecord:
         cpu_swap_usage_ratio=round(f["cpu_kv"] / 100.0, 6) if fmt == "v0" and "cpu_kv" in f else None,
         prefix_cache_hit_ratio=round(float(f["prefix"]) / 100.0, 6) if "prefix" in f else None,
         preemptions=int(f["preemptions"]) if "preemptions" in f else None,
-        kv_fetch=tuple(int(x) for x in f["kv_fetch"]) if "kv_fetch" in f else None,
+        kv_fetch=(int(fetch[0]), int(fetch[1]), int(fetch[2])) if fetch else None,
         aggregated_engines=h.aggregated,
         vllm_time=h.vllm_time,
         clock=h.clock,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 
 from kvwatch.catalog import Bottleneck
 from kvwatch.logs.analyze import LogAnalyzer, RecordResult
@@ -12,7 +13,7 @@ __all__ = ["dominant", "render_report", "render_row"]
 LIMITS = (Bottleneck.KV_CACHE, Bottleneck.MAX_NUM_SEQS, Bottleneck.TOKEN_BUDGET, Bottleneck.STALLED)
 
 
-def dominant(results: list[RecordResult]) -> str:
+def dominant(results: list[RecordResult]) -> Bottleneck:
     """The limit that bound most often (ties: the more severe); else none / idle."""
     seen = Counter(r.diagnosis.bottleneck for r in results)
     limits = [b for b in seen if b in LIMITS]
@@ -92,7 +93,9 @@ def render_report(name: str, an: LogAnalyzer, skipped: list[int], max_spans: int
         "Timeline (consecutive records in the same state; throughput is vLLM's interval average, the rest instants):"
     )
     spans = _spans(results)
-    shown = spans if len(spans) <= max_spans else spans[: max_spans // 2] + [None] + spans[-max_spans // 2 :]
+    shown: Sequence[list[RecordResult] | None] = (
+        spans if len(spans) <= max_spans else [*spans[: max_spans // 2], None, *spans[-max_spans // 2 :]]
+    )
     out += ["  ..." if span is None else _span_line(span) for span in shown]
     out += ["", *_dominant_lines(results), "", *_evidence_lines(results), "", "What the log could not tell:"]
     out += [f"  - {x}" for x in an.limits()]

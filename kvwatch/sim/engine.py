@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict, deque
+from collections.abc import Sequence
 
 from ._hist import (
     ITERATION_TOKENS_BUCKETS,
@@ -379,6 +380,7 @@ class Engine:
                 skipped.append(waiting.popleft())
                 req.deferred = True
                 continue
+            hit_runs: Sequence[PrefixRun]
             if caching and req.chain_keys:
                 hit_runs, hit_blocks, touched = self._prefix_cache_hits(req)
             else:
@@ -455,6 +457,7 @@ class Engine:
 
     def _step_end(self, now: float) -> None:
         scheduled = self.in_flight
+        assert scheduled is not None  # on_event ends a step only while one is in flight
         self.in_flight = None
         stats = self.stats
         prev_end = self.prev_end

@@ -54,7 +54,7 @@ import json
 import math
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 from pydantic import (
     AfterValidator,
@@ -108,11 +108,17 @@ class _Dist(_Model):
         keys = [k for k in ("value", "mean", "min", "max") if getattr(self, k, None) is not None]
         return self.model_copy(update={k: max(1.0, getattr(self, k) - by) for k in keys})
 
+    def _draw(self, rng) -> float:
+        raise NotImplementedError  # each distribution draws its own way
+
 
 class Fixed(_Dist):
     dist: Literal["fixed"] = "fixed"
     value: float = Field(ge=1)
-    expected = property(lambda self: self.value)
+
+    @property
+    def expected(self) -> float:
+        return self.value
 
     def _draw(self, rng) -> float:
         return self.value
@@ -133,7 +139,10 @@ class Uniform(_Bounded):
     dist: Literal["uniform"] = "uniform"
     min: float = Field(ge=1)
     max: float = Field(ge=1)
-    expected = property(lambda self: (self.min + self.max) / 2.0)
+
+    @property
+    def expected(self) -> float:
+        return (self.min + self.max) / 2.0
 
     def _draw(self, rng) -> float:
         return rng.uniform(self.min, self.max)
@@ -143,7 +152,10 @@ class Normal(_Bounded):
     dist: Literal["normal"] = "normal"
     mean: float = Field(ge=1)
     std: float = Field(ge=0)
-    expected = property(lambda self: self.mean)
+
+    @property
+    def expected(self) -> float:
+        return self.mean
 
     def _draw(self, rng) -> float:
         return rng.gauss(self.mean, self.std)
@@ -153,7 +165,10 @@ class Lognormal(_Bounded):
     dist: Literal["lognormal"] = "lognormal"
     mean: float = Field(ge=1)  # the mean of the distribution itself
     sigma: float = Field(ge=0)  # of the underlying normal
-    expected = property(lambda self: self.mean)
+
+    @property
+    def expected(self) -> float:
+        return self.mean
 
     def _draw(self, rng) -> float:
         return rng.lognormvariate(math.log(self.mean) - self.sigma * self.sigma / 2.0, self.sigma)
@@ -170,18 +185,21 @@ def _dist_kind(v: Any) -> str | None:
 
 
 # A token-length distribution: a number (fixed) or {"dist": ..., ...}; ``sample(rng)`` is an int >= 1.
-Dist = Annotated[
-    Annotated[Fixed, Tag("fixed")]
-    | Annotated[Uniform, Tag("uniform")]
-    | Annotated[Normal, Tag("normal")]
-    | Annotated[Lognormal, Tag("lognormal")]
-    | Annotated[float, Field(ge=1), AfterValidator(lambda v: Fixed(value=v)), Tag("number")],
-    Discriminator(
-        _dist_kind,
-        custom_error_type="dist",
-        custom_error_message="expected a number or a distribution (dist: fixed, uniform, normal, lognormal)",
-    ),
-]
+if TYPE_CHECKING:  # what a validated field holds: the number branch's AfterValidator makes it a Fixed
+    Dist = Fixed | Uniform | Normal | Lognormal
+else:
+    Dist = Annotated[
+        Annotated[Fixed, Tag("fixed")]
+        | Annotated[Uniform, Tag("uniform")]
+        | Annotated[Normal, Tag("normal")]
+        | Annotated[Lognormal, Tag("lognormal")]
+        | Annotated[float, Field(ge=1), AfterValidator(lambda v: Fixed(value=v)), Tag("number")],
+        Discriminator(
+            _dist_kind,
+            custom_error_type="dist",
+            custom_error_message="expected a number or a distribution (dist: fixed, uniform, normal, lognormal)",
+        ),
+    ]
 _DIST_FIELDS = ("prompt_tokens", "output_tokens")
 
 

@@ -29,7 +29,7 @@ class HttpStats:
         self.created = created
         self.requests = 0
         self.request_bytes = 0
-        self.handler_created = None  # virtual time of the first completed request
+        self.handler_created: float | None = None  # virtual time of the first completed request
         self.h_highr = Hist(HTTP_HIGHR_BUCKETS, created)
         self.h_duration = Hist(HTTP_BUCKETS, created)
 
@@ -203,7 +203,7 @@ class Simulator:
         else:
             max_tokens = min(room, max(max(outs), int(round(2 * wl.output_tokens.expected))))
         pid = self.next_rid
-        chain = []
+        chain: list[tuple[tuple[str, int, int] | tuple[str, int], int]] = []  # (a prefix run's key, its tokens)
         if wl.prefix_tokens:
             chain.append((("prefix", group, wl.prefix_tokens), wl.prefix_tokens))
         if n > 1:
