@@ -1,0 +1,63 @@
+# Developer and CI entry points. Set up once: `bash .ci/run` (everything), or `python3 -m venv .venv &&
+# .venv/bin/pip install -e '.[test]' && bash .ci/install-tools.sh` (what the non-e2e tests need).
+#
+#   make test       the fast lane: pytest -q (pyproject's addopts: not e2e, not slow)
+#   make test-all   every test but the real-vLLM lane, slow ones included
+#   make ci         what .ci/run runs after installing: generated files, test-all, benchmark ratios, e2e
+#   make e2e        the real-vLLM lane (bash .ci/e2e.sh; installs vLLM's CPU build on first use)
+#   make bench      the benchmark (python -m bench; ARGS=--quick for a smoke run)
+#   make generate   rewrite the generated dashboards, PrometheusRule and README tables
+#   make lint       ruff check, ruff format --check, mypy (kvwatch/)
+#
+# ARGS is passed on to pytest / bench, e.g. `make test ARGS='-k parse -x'`.
+
+PY ?= .venv/bin/python
+ARGS ?=
+PYTEST := $(PY) -m pytest
+LINT_PATHS := kvwatch
+
+# The steps share one machine (and the e2e lane wants all of it): never run them side by side under -j.
+.NOTPARALLEL:
+.PHONY: test test-all ci e2e bench bench-check generate check-generated lint
+
+test:
+	$(PYTEST) -q $(ARGS)
+
+# pytest exits 5 when it collects nothing: make fails on any non-zero status, but say why.
+test-all:
+	@echo "=== unit, integration and pipeline tests (all but e2e) ($$(date +%T))"
+	@$(PYTEST) -q -p no:cacheprovider -m 'not e2e' $(ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make: pytest collected no tests" >&2; fi; exit $$rc
+
+# What CI runs (.ci/run, after its install steps).
+ci: check-generated lint test-all bench-check e2e
+
+check-generated:
+	@echo "=== generated files are up to date ($$(date +%T))"
+	$(PY) grafana/generate.py --check
+	$(PY) alerts/generate.py --check
+	$(PY) docs/generate.py --check
+
+generate:
+	$(PY) grafana/generate.py
+	$(PY) alerts/generate.py
+	$(PY) docs/generate.py
+
+bench-check:
+	@echo "=== benchmark: cycle/parse-baseline ratios (goal 0.2; fails above 0.4, a margin for a shared machine) ($$(date +%T))"
+	$(PY) -m bench --only cycle --check 0.4
+
+bench:
+	$(PY) -m bench $(ARGS)
+
+e2e:
+	@echo "=== e2e: a real vLLM server (CPU build) ($$(date +%T))"
+	KVWATCH_PYTHON=$(PY) bash .ci/e2e.sh $(ARGS)
+
+# All three run, so one report shows every finding; fails if any did.
+lint:
+	@rc=0; \
+	echo "=== ruff check"; $(PY) -m ruff check $(LINT_PATHS) || rc=1; \
+	echo "=== ruff format --check"; $(PY) -m ruff format --check $(LINT_PATHS) || rc=1; \
+	echo "=== mypy (kvwatch/)"; $(PY) -m mypy || rc=1; \
+	exit $$rc
