@@ -278,6 +278,15 @@ def diagnose_engine(s: Signals, hints: Hints = Hints(), th: Thresholds = Thresho
         # queue, KV-bound ones included, and on stray arrivals: wait for the queue to persist.
         ev.append(f"{_n(waiting)} waiting with {_n(running)} running: a queue has just formed, no limit named yet")
         return d
+    if s.steps_per_second == 0.0:
+        # vLLM's step histogram saw no step end in the window: a long prompt's chunked prefill emits nothing
+        # until its last chunk (vLLM 0.32 scheduler.update_from_output: no partial prefill outputs), so the
+        # token budget cannot be ruled out, and Running then reads the few requests in prefill, not a ceiling.
+        ev.append(
+            f"{_n(waiting)} waiting with {_n(running)} running and no engine step finished in the last "
+            f"{s.span_seconds:.0f} s (a long prefill reports nothing until it completes): no limit named yet"
+        )
+        return d
     # No hint: by elimination, the sequence ceiling, inferred as Running's peak while requests waited.
     ceiling = int(s.running_max_waiting or s.running_recent_max or running)
     d.bottleneck = "max_num_seqs"

@@ -151,8 +151,12 @@ class Signals:
     preemptions_per_second: float | None = None
     throughput_gap: bool = False
     throughput_gap_fraction: float | None = None
+    # vllm:iteration_tokens_total over the window: a prompt counts whole (its prefill's computed tokens) in
+    # the step its prefill completes, steps without output are not observed at all (vLLM 0.32
+    # loggers.py PrometheusStatLogger.record, async_llm.py output_handler); the mean holds over whole
+    # prefills, a window with few steps reads it off by a prompt's worth at either end
     engine_step_tokens: float | None = None
-    steps_per_second: float | None = None
+    steps_per_second: float | None = None  # 0: the histogram saw no step end in the window (None: no histogram)
     stalled_seconds: float = 0.0  # how long requests have been present with no token progress
     mean_prompt_tokens: float | None = None
     mean_sequence_tokens: float | None = None
@@ -272,6 +276,11 @@ def summarize(history: EngineHistory, now: float, window_seconds: float) -> Sign
         if it is not None and it.count > 0:
             s.engine_step_tokens = it.sum / it.count
             s.steps_per_second = it.count / (last.t - first.t)
+        elif it is not None:
+            # vLLM observes iteration_tokens only for a step that emits output, and a chunked prefill emits
+            # none until its last chunk: on a long prompt the window can hold busy steps and no observation.
+            # 0, not None: the histogram is there and saw no step end, so tokens per step are unknown.
+            s.steps_per_second = 0.0
 
         prompt_key = "prompt_tokens_computed" if "prompt_tokens_computed" in last.counters else "prompt_tokens"
         gaps = 0

@@ -175,3 +175,22 @@ def test_stray_arrivals_apart_do_not_name_a_ceiling_by_elimination():
     d = diagnose_engine(_sig(waiting_streak=1, **stray))
     assert d.bottleneck == "none" and "just formed" in d.evidence[0]
     assert diagnose_engine(_sig(waiting_streak=2, **stray)).bottleneck == "max_num_seqs"
+
+
+def test_no_ceiling_by_elimination_while_no_engine_step_ends():
+    # Real vLLM at the start of a burst of 1800-token prompts with a 256-token budget on a slow machine: one
+    # request in chunked prefill for seconds, 119 waiting, no step output yet (so no step histogram
+    # observation). Running 1 is not a ceiling; nothing can be named until a step ends.
+    queue = dict(requests_waiting=119.0, requests_running=1.0, kv_cache_usage_ratio=0.03, kv_usage_recent_max=0.03,
+                 preemptions_per_second=0.0, running_mean=1.0, running_recent_max=1.0, running_max_waiting=1.0,
+                 running_at_max_samples=3, waiting_samples=3, waiting_streak=3, waiting_recent_min=119.0)
+    d = diagnose_engine(_sig(steps_per_second=0.0, **queue))
+    assert d.bottleneck == "none" and d.max_num_seqs is None and "no engine step finished" in d.evidence[0]
+    # the first step that ends carries the whole prompt: the token budget, with or without the hint
+    first = _sig(steps_per_second=0.2, engine_step_tokens=901.0, **queue)
+    assert diagnose_engine(first, Hints(max_num_batched_tokens=256)).bottleneck == "token_budget"
+    assert diagnose_engine(first).bottleneck == "token_budget"
+    # a configured ceiling that Running reached is named without step data, as before
+    assert diagnose_engine(_sig(steps_per_second=0.0, **queue), Hints(max_num_seqs=1)).bottleneck == "max_num_seqs"
+    # no step histogram at all (steps unknown, not zero): by elimination, as before
+    assert diagnose_engine(_sig(**queue)).bottleneck == "max_num_seqs"
