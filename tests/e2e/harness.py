@@ -446,6 +446,8 @@ class Sample:
     t: float
     kv: Snapshot | None          # kvwatch /metrics (None if it could not be read)
     vllm: Snapshot | None        # vLLM /metrics read by the test itself (None while the server is down)
+    diagnosis: dict | None = None  # kvwatch /api/v1/diagnosis, read just after its /metrics
+    took: dict = field(default_factory=dict)  # seconds from t to the end of each read (observe.py)
 
 
 class Observer:
@@ -491,7 +493,8 @@ class Observer:
             d = json.loads(line)
             t = d["t"]
             self._samples.append(Sample(t, Snapshot(t, d["kvwatch"]) if d["kvwatch"] else None,
-                                        Snapshot(t, d["vllm"]) if d["vllm"] else None))
+                                        Snapshot(t, d["vllm"]) if d["vllm"] else None,
+                                        d.get("diagnosis"), d.get("took") or {}))
         self._read += done
         return self._samples
 
