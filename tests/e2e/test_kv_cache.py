@@ -15,8 +15,8 @@ import pytest
 
 from .harness import Kvwatch, Observer, Recorder, counts, drive_load, finite, log
 from .scenario import (
-    MIN_SAMPLES, NON_NEGATIVE, after_timeout, brief, describe, detection_latency, drive_rounds, make_rows,
-    run_scenario, saturated_rows, save_summary, vllm_preempted_between, write_timeline,
+    MIN_SAMPLES, NON_NEGATIVE, after_timeout, brief, describe, detection_latency, drive_rounds, kvwatch_window,
+    make_rows, run_scenario, saturated_rows, save_summary, vllm_rose_within, write_timeline,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
@@ -70,13 +70,14 @@ async def test_kv_cache(server, scenario_dir, vocab_size):
     assert bn.get("kv_cache", 0) >= SHARE * len(sat), f"bottleneck while waiting: {bn}"
     assert not {"max_num_seqs", "token_budget"} & set(bn), f"wrong limit named while waiting: {bn}"
 
-    # preemptions are seen wherever vLLM's own counter (read by the test) rose inside kvwatch's 10 s window,
-    # with 2 s of slack at each end. When the first one comes depends on the machine's speed, so the
-    # ground truth says which samples must show it.
-    preempting = [r for r in sat if vllm_preempted_between(rows, r.t - 8.0, r.t - 2.0)]
-    assert preempting, f"vLLM never preempted while requests waited: {brief(info)}"
-    pre = [(r.t, r.kw.get("preempt_ps")) for r in preempting]
-    assert all(p is not None and p > 0 for _, p in pre), f"kvwatch_preemptions_per_second (t, value): {pre}"
+    # preemptions are seen wherever vLLM's own counter rose between two of the test's reads inside kvwatch's
+    # window (its first and last scrape, from the diagnosis read beside the /metrics): the counter only grows,
+    # so kvwatch's window holds that rise, however the machine's speed placed the preemptions and the reads
+    # (the old "between the reads at t-8 and t-2" took the read before t-8, which a stall could put outside).
+    preempting = [r for r in sat if (w := kvwatch_window(r, "preempt_ps")) and vllm_rose_within(rows, *w)]
+    assert preempting, f"vLLM never preempted between two reads inside kvwatch's window: {brief(info)}"
+    pre = [(r.t, r.window, r.kw["preempt_ps"]) for r in preempting]
+    assert all(p > 0 for _, _, p in pre), f"kvwatch_preemptions_per_second (t, window, value): {pre}"
 
     # estimated max concurrency ~ the Running that vLLM really sustained while requests waited
     observed = statistics.mean(r.running for r in sat)
@@ -157,7 +158,9 @@ async def test_restart(server, scenario_dir, vocab_size):
     """Kill vLLM under load and restart it on the same port, kvwatch running throughout."""
     kw = Kvwatch(server.metrics_url, scenario_dir / "kvwatch-nohint.log")
     kw.start_and_wait()
-    recorder = Recorder(server.metrics_url, scenario_dir / "recording", 150, scenario_dir / "kvwatch-record.log")
+    # recording for as long as the test may take (it is stopped at the end): the restart alone took over 190 s on
+    # a loaded 2-core machine, and a fixed 150 s ended the recording before vLLM was back
+    recorder = Recorder(server.metrics_url, scenario_dir / "recording", 900, scenario_dir / "kvwatch-record.log")
     obs = Observer(kw.url, server.metrics_url, scenario_dir / "kvwatch-nohint.jsonl")
     marks: dict[str, float] = {}
     t_begin = time.monotonic()
@@ -238,7 +241,10 @@ async def test_restart(server, scenario_dir, vocab_size):
     # the samples right after a counted timeout are let off, and only those.
     down_after = [(r.t, r.up) for r in after if r.up != 1 and not after_timeout(rows, r)]
     assert after and not down_after, f"kvwatch_up after restart (t, up): {down_after}"
-    assert all(r.bottleneck is not None and r.target_bottleneck not in (None, "unreachable") for r in after)
+    # a run of timed-out scrapes ends in stale (series withdrawn) and unreachable by design: let off the same samples
+    lost = [(r.t, r.bottleneck, r.target_bottleneck) for r in after if not after_timeout(rows, r)
+            and (r.bottleneck is None or r.target_bottleneck in (None, "unreachable"))]
+    assert not lost, f"no diagnosis after restart (t, bottleneck, target): {lost}"
     assert len(sat2) >= MIN_SAMPLES, f"too few saturated samples after restart: {brief(describe(sat2))}"
     bn = counts(r.bottleneck for r in sat2)
     assert bn.get("kv_cache", 0) >= SHARE * len(sat2), f"bottleneck while waiting after restart: {bn}"
