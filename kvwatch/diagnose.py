@@ -218,13 +218,11 @@ def diagnose_engine(s: Signals, hints: Hints = Hints(), th: Thresholds = Thresho
 
     budget = hints.max_num_batched_tokens
     step = s.engine_step_tokens
+    # Decoding alone puts about one token per running request in a step; steps far fuller than that with a
+    # queue waiting are prefill chunks filling the budget.
+    full_step = 0.75 * budget if budget else max(64.0, 8.0 * max(s.running_mean or 0.0, 1.0))
     if step is not None:
-        if budget:
-            token_bound = step >= 0.75 * budget
-        else:
-            # Decoding alone puts about one token per running request in a step; steps far fuller than
-            # that with a queue waiting are prefill chunks filling the budget.
-            token_bound = step >= max(64.0, 8.0 * max(s.running_mean or 0.0, 1.0))
+        token_bound = step >= full_step
         if token_bound:
             d.bottleneck = "token_budget"
             if not budget:
@@ -285,6 +283,17 @@ def diagnose_engine(s: Signals, hints: Hints = Hints(), th: Thresholds = Thresho
         ev.append(
             f"{_n(waiting)} waiting with {_n(running)} running and no engine step finished in the last "
             f"{s.span_seconds:.0f} s (a long prefill reports nothing until it completes): no limit named yet"
+        )
+        return d
+    steps = (s.steps_per_second or 0.0) * s.span_seconds
+    if step is not None and s.step_tokens_max and steps > 0 and step + s.step_tokens_max / steps >= full_step:
+        # vLLM counts a prompt whole in the step its prefill completes, so the window's mean is off by up to a
+        # step's worth / the steps in it: 1800-token prompts, 256-token budget, 27 steps in the window (a slow
+        # machine) read 175 tokens per step. Not full by the rule above, but not ruled out either.
+        ev.append(
+            f"{_n(waiting)} waiting with {_n(running)} running; engine steps average {_n(step)} tokens, within one "
+            f"step's {_n(s.step_tokens_max)} over {steps:.0f} steps of the {_n(full_step)} that mean a binding token "
+            "budget: no limit named yet"
         )
         return d
     # No hint: by elimination, the sequence ceiling, inferred as Running's peak while requests waited.

@@ -157,6 +157,7 @@ class Signals:
     # prefills, a window with few steps reads it off by a prompt's worth at either end
     engine_step_tokens: float | None = None
     steps_per_second: float | None = None  # 0: the histogram saw no step end in the window (None: no histogram)
+    step_tokens_max: float | None = None  # the most one step in the window can have read (its bucket's bound)
     stalled_seconds: float = 0.0  # how long requests have been present with no token progress
     mean_prompt_tokens: float | None = None
     mean_sequence_tokens: float | None = None
@@ -276,6 +277,9 @@ def summarize(history: EngineHistory, now: float, window_seconds: float) -> Sign
         if it is not None and it.count > 0:
             s.engine_step_tokens = it.sum / it.count
             s.steps_per_second = it.count / (last.t - first.t)
+            # every observation is at most the first bound whose bucket holds them all (None: only +Inf does)
+            top = next(b for b, c in zip(it.bounds, it.counts) if c >= it.count)
+            s.step_tokens_max = None if math.isinf(top) else top
         elif it is not None:
             # vLLM observes iteration_tokens only for a step that emits output, and a chunked prefill emits
             # none until its last chunk: on a long prompt the window can hold busy steps and no observation.

@@ -194,3 +194,21 @@ def test_no_ceiling_by_elimination_while_no_engine_step_ends():
     assert diagnose_engine(_sig(steps_per_second=0.0, **queue), Hints(max_num_seqs=1)).bottleneck == "max_num_seqs"
     # no step histogram at all (steps unknown, not zero): by elimination, as before
     assert diagnose_engine(_sig(**queue)).bottleneck == "max_num_seqs"
+
+
+def test_no_ceiling_by_elimination_while_one_step_could_make_the_steps_full():
+    # The e2e token_budget run on a loaded machine (~3 steps/s): a 9 s window of 27 steps read 175.6 tokens per
+    # step against a 256 budget, because vLLM counts each 1800-token prompt whole in the step its prefill ends.
+    # 175.6 < 192 does not name the budget, but one step more (up to 2048) would: no ceiling by elimination.
+    queue = dict(requests_waiting=108.0, requests_running=5.0, kv_cache_usage_ratio=0.11, kv_usage_recent_max=0.12,
+                 preemptions_per_second=0.0, running_mean=5.0, running_recent_max=5.0, running_max_waiting=6.0,
+                 running_at_max_samples=2, waiting_samples=10, waiting_streak=10, waiting_recent_min=108.0)
+    lumpy = _sig(engine_step_tokens=175.6, steps_per_second=3.0, step_tokens_max=2048.0, **queue)
+    d = diagnose_engine(lumpy, Hints(max_num_batched_tokens=256))
+    assert d.bottleneck == "none" and d.max_num_seqs is None and "within one step" in d.evidence[0], d.evidence
+    assert diagnose_engine(dataclasses.replace(lumpy, engine_step_tokens=201.0), Hints(max_num_batched_tokens=256)).bottleneck == "token_budget"
+    # a real sequence ceiling: decode steps of ~12 tokens and a 300-token prompt's end now and then
+    seqs = _sig(engine_step_tokens=12.0, steps_per_second=8.0, step_tokens_max=512.0,
+                **(queue | dict(requests_running=4.0, running_mean=3.6, running_recent_max=4.0, running_max_waiting=4.0)))
+    d = diagnose_engine(seqs)
+    assert d.bottleneck == "max_num_seqs" and d.max_num_seqs == (4, "inferred")
