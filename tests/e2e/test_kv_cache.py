@@ -32,6 +32,9 @@ WARMUP = 5.0
 SHARE = 0.8
 #: the test reads vLLM and kvwatch up to 4x per kvwatch interval (1 s), for the detection latency
 OBSERVE_EVERY = 0.25
+#: seconds after vLLM's KV-bound onset by when kvwatch must say kv_cache: two of its 1 s intervals (its goal,
+#: and when detection_latency judges a miss)
+REACT = 2.0
 
 
 @pytest.fixture(scope="module")
@@ -44,19 +47,24 @@ async def test_kv_cache(server, scenario_dir, vocab_size):
                              variants={"nohint": []}, record_seconds=40, observe_every=OBSERVE_EVERY,
                              min_saturated=MIN_SAMPLES, warmup=WARMUP)
     rows = run.rows["nohint"]
-    sat = run.saturated("nohint", WARMUP)
-    info = describe(sat)
     # Reported (bench/RESULTS.md), not held to a time: the goal is <= 2 scrape intervals (1 s each).
     detection = detection_latency(rows) | {"interval_s": 1.0}
+    # Judged from REACT after vLLM's own KV-bound onset, not from a fixed time into the load: the first
+    # admission wave is one long step on a loaded machine, vLLM's metrics stand still meanwhile (one run: 76
+    # waiting, KV 0.58, 1130 tokens per step, no preemption, from 5 s to 7.3 s into the load), and kvwatch
+    # rightly names no KV bound from those. The onset is vLLM's, read by the test (detection_latency).
+    onset = detection["onset_s"]
+    sat = [r for r in run.saturated("nohint", WARMUP) if onset is not None and r.t >= onset + REACT]
+    info = describe(sat)
     run.write_summary(saturated=info, detection=detection)
     log(f"[kv_cache] detection: {detection}")
     log(f"[kv_cache] saturated: {brief(info)}")
 
     assert run.load.failed == 0, run.load.failure(server)
     assert run.record_rc == 0 and run.record_files >= 20, (run.record_rc, run.record_files)
-    # the scenario itself: vLLM really queued (ground truth, read from vLLM by the test)
-    assert len(sat) >= MIN_SAMPLES, f"too few saturated samples: {brief(info)}"
+    # the scenario itself: vLLM really queued, KV-bound (ground truth, read from vLLM by the test)
     assert detection["onset_s"] is not None, "vLLM never reported the KV-bound state (waiting, KV >= 0.9 or preempting)"
+    assert len(sat) >= MIN_SAMPLES, f"too few saturated samples after the KV-bound onset: {brief(info)}"
     assert detection["detected_s"] is not None, f"kvwatch never said kv_cache after the onset: {detection}"
 
     # capacity == vLLM's kv_cache_size_tokens (== 16 MiB / 4 KiB)
