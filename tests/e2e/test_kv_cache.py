@@ -87,12 +87,14 @@ async def test_kv_cache(server, scenario_dir, vocab_size):
     pre = [(r.t, r.window, r.kw["preempt_ps"]) for r in preempting]
     assert all(p > 0 for _, _, p in pre), f"kvwatch_preemptions_per_second (t, window, value): {pre}"
 
-    # estimated max concurrency ~ the Running that vLLM really sustained while requests waited
-    observed = statistics.mean(r.running for r in sat)
+    # estimated max concurrency ~ the Running that vLLM really sustained while requests waited: medians of both,
+    # since a sample of real vLLM can read Running 0 mid-run and with few samples one such read moves a mean by 20 %
+    observed = statistics.median(r.running for r in sat)
     est = [r.kw["est_max_conc"] for r in sat if r.kw.get("est_max_conc") is not None]
     assert est, "kvwatch_estimated_max_concurrency never exported while waiting"
     estimate = statistics.median(est)
-    run.write_summary(observed_mean_running=observed, estimated_max_concurrency_median=estimate)
+    run.write_summary(observed_mean_running=statistics.mean(r.running for r in sat), observed_median_running=observed,
+                      estimated_max_concurrency_median=estimate)
     assert abs(estimate - observed) <= 0.30 * observed, (estimate, observed)
 
 
