@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import math
 
+from tests.e2e.harness import MODEL_NAME, Sample, Snapshot
 from tests.e2e.scenario import (
-    KVWATCH_TIMEOUT, Row, after_timeout, detection_latency, kvwatch_window, saturated_rows, vllm_rose_within,
-    vllm_step_tokens_bounds, vllm_step_tokens_over,
+    KVWATCH_TIMEOUT, Row, after_timeout, detection_latency, kvwatch_window, make_rows, saturated_rows,
+    vllm_rose_within, vllm_step_tokens_bounds, vllm_step_tokens_over,
 )
 
 
@@ -99,3 +100,20 @@ def test_detection_latency_is_judged_only_when_vllm_was_still_kv_bound_two_inter
     assert d["detected_s"] is None and not d["judged"]
 
     assert detection_latency(base + [row(1.0, waiting=3, kv=0.4)])["onset_s"] is None
+
+
+def test_make_rows_takes_the_window_from_the_diagnosis_and_the_read_times_from_the_observer():
+    target = "http://127.0.0.1:1/metrics"
+    eng = f'engine="0",model_name="{MODEL_NAME}"'
+    kv = (f'kvwatch_up{{target="{target}"}} 1.0\n'
+          f'kvwatch_engine_step_tokens{{{eng},target="{target}"}} 261.2857142857143\n')
+    vllm = (f"vllm:iteration_tokens_total_count{{{eng}}} 84.0\nvllm:iteration_tokens_total_sum{{{eng}}} 21948.0\n"
+            f"vllm:num_requests_waiting{{{eng}}} 107.0\n")
+    diagnosis = {"engines": [{"model_name": MODEL_NAME, "engine": "0",
+                              "signals": {"t": 1033.9, "span_seconds": 9.0, "engine_step_tokens": 261.2857}}]}
+    s = Sample(1034.2, Snapshot(1034.2, kv), Snapshot(1034.2, vllm), diagnosis,
+               {"kvwatch": 0.004, "diagnosis": 0.02, "vllm": 0.04})
+    (r,) = make_rows([s], target, 1000.0)
+    assert r.window == (24.9, 33.9) and r.read == (34.22, 34.24)
+    assert (r.steps, r.step_tokens, r.waiting) == (84.0, 21948.0, 107.0)
+    assert kvwatch_window(r, "step_tokens") == (24.9, 33.9)
