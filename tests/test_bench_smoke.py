@@ -15,8 +15,6 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow  # runs the benchmark (real processes pinned to cores)
-
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -74,9 +72,10 @@ def test_memory_of_a_real_kvwatch_run(quick):
 def test_fanin_and_detection_ran_against_real_processes(quick):
     res, _ = quick
     level = res["fanin"]["levels"][0]
-    # kvwatch_up of every target at the end: how many read 1 depends on the machine's load (a scrape over
-    # its 0.8-s timeout reads 0), so only that some did and none beyond the count
-    assert level["targets"] == 20 and level["scrapes"] > 0 and 0 < level["up"] <= 20
+    # Every target up at the end, or its last scrape counted as an error: a loaded machine can time one out
+    # (that is the fan-in figure's business, not this smoke test's); a target never scraped is neither.
+    assert level["targets"] == 20 and level["scrapes"] > 0 and level["up"] > 0
+    assert level["up"] + level["errors"] >= level["targets"], level
     assert isinstance(level["on_schedule"], bool)
     det = res["detect"]
     assert len(det["trials"]) == 1

@@ -3,6 +3,7 @@
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -118,12 +119,18 @@ async def test_readyz_does_not_depend_on_vllm():
     try:
         r = await wait_http(f"http://127.0.0.1:{port}/readyz")
         assert r.status_code == 200
-        await asyncio.sleep(1.5)
+        errors = ("kvwatch_scrape_errors_total", (("reason", "connect"), ("target", dead)))
         async with httpx.AsyncClient() as c:
-            m = samples((await c.get(f"http://127.0.0.1:{port}/metrics")).text)
+            # until a failed scrape is counted (the first comes at start; a loaded machine may delay it), not
+            # a fixed 1.5 s
+            for _ in range(200):
+                m = samples((await c.get(f"http://127.0.0.1:{port}/metrics")).text)
+                if m.get(errors, 0) >= 1:
+                    break
+                await asyncio.sleep(0.1)
             assert (await c.get(f"http://127.0.0.1:{port}/readyz")).status_code == 200
         assert m[("kvwatch_up", (("target", dead),))] == 0.0
-        assert m[("kvwatch_scrape_errors_total", (("reason", "connect"), ("target", dead)))] >= 1
+        assert m[errors] >= 1
     finally:
         assert await stop(proc) == 0
 
@@ -137,7 +144,9 @@ async def test_record_then_replay(tmp_path):
         out, err = await asyncio.wait_for(proc.communicate(), 30)
         assert proc.returncode == 0, err
         files = sorted(tmp_path.glob("*.prom"))
-        assert 4 <= len(files) <= 8
+        # one scrape per 0.5 s tick for 3 s (a loaded machine can time some out: they are attempts, not files)
+        saved, failed = map(int, re.search(r"recorded (\d+) snapshots .* \((\d+) failed scrapes\)", out.decode()).groups())
+        assert 4 <= saved + failed <= 8 and len(files) == saved >= 1, (saved, failed, len(files))
         assert all(float(f.name[:-5]) > 1.7e9 for f in files)
         assert files[0].read_text() == up.bodies[12]
 
@@ -158,7 +167,11 @@ async def test_diagnose_live_url():
     assert proc.returncode == 0, err
     doc = json.loads(out)
     assert doc["target"] == up.url
-    assert doc["summary"]["bottlenecks_seen"].get("token_budget", 0) >= 2
+    # every diagnosis but the first (one sample: no tokens per step yet) or two says so; how many there are in
+    # 3 s depends on the machine (missed ticks are skipped)
+    seen = doc["summary"]["bottlenecks_seen"]
+    budget = seen.get("token_budget", 0)
+    assert budget >= 1 and budget >= sum(seen.values()) - 2, seen
 
 
 def test_replay_timeline_is_one_json_per_snapshot():

@@ -113,7 +113,8 @@ _PARTS = {
     "kv_usage_recent_max": ("kv", "recent_max"),
     **{k: ("queue", k) for k in ("running_mean", "running_recent_max", "running_max_waiting", "running_at_max_samples",
                                  "waiting_samples", "waiting_streak", "waiting_recent_min")},
-    **{k: ("throughput", k) for k in ("preemptions_per_second", "stalled_seconds", "engine_step_tokens")},
+    **{k: ("throughput", k) for k in ("preemptions_per_second", "stalled_seconds", "engine_step_tokens", "steps_per_second",
+                                      "step_tokens_max")},
     **{k: ("capacity", k) for k in ("capacity_tokens", "mean_prompt_tokens", "mean_sequence_tokens",
                                     "estimated_max_concurrency", "cache")},
 }
@@ -193,3 +194,41 @@ def test_stray_arrivals_apart_do_not_name_a_ceiling_by_elimination():
     d = diagnose_engine(_sig(waiting_streak=1, **stray))
     assert d.bottleneck == "none" and "just formed" in d.evidence[0]
     assert diagnose_engine(_sig(waiting_streak=2, **stray)).bottleneck == "max_num_seqs"
+
+
+def test_no_ceiling_by_elimination_while_no_engine_step_ends():
+    # Real vLLM at the start of a burst of 1800-token prompts with a 256-token budget on a slow machine: one
+    # request in chunked prefill for seconds, 119 waiting, no step output yet (so no step histogram
+    # observation). Running 1 is not a ceiling; nothing can be named until a step ends.
+    queue = dict(requests_waiting=119.0, requests_running=1.0, kv_cache_usage_ratio=0.03, kv_usage_recent_max=0.03,
+                 preemptions_per_second=0.0, running_mean=1.0, running_recent_max=1.0, running_max_waiting=1.0,
+                 running_at_max_samples=3, waiting_samples=3, waiting_streak=3, waiting_recent_min=119.0)
+    d = diagnose_engine(_sig(steps_per_second=0.0, **queue))
+    assert d.bottleneck == "none" and d.max_num_seqs is None and "no engine step finished" in d.evidence[0]
+    # the first step that ends carries the whole prompt: the token budget, with or without the hint
+    first = _sig(steps_per_second=0.2, engine_step_tokens=901.0, **queue)
+    assert diagnose_engine(first, Hints(max_num_batched_tokens=256)).bottleneck == "token_budget"
+    assert diagnose_engine(first).bottleneck == "token_budget"
+    # a configured ceiling that Running reached is named without step data, as before
+    assert diagnose_engine(_sig(steps_per_second=0.0, **queue), Hints(max_num_seqs=1)).bottleneck == "max_num_seqs"
+    # no step histogram at all (steps unknown, not zero): by elimination, as before
+    assert diagnose_engine(_sig(**queue)).bottleneck == "max_num_seqs"
+
+
+def test_no_ceiling_by_elimination_while_one_step_could_make_the_steps_full():
+    # The e2e token_budget run on a loaded machine (~3 steps/s): a 9 s window of 27 steps read 175.6 tokens per
+    # step against a 256 budget, because vLLM counts each 1800-token prompt whole in the step its prefill ends.
+    # 175.6 < 192 does not name the budget, but one step more (up to 2048) would: no ceiling by elimination.
+    queue = dict(requests_waiting=108.0, requests_running=5.0, kv_cache_usage_ratio=0.11, kv_usage_recent_max=0.12,
+                 preemptions_per_second=0.0, running_mean=5.0, running_recent_max=5.0, running_max_waiting=6.0,
+                 running_at_max_samples=2, waiting_samples=10, waiting_streak=10, waiting_recent_min=108.0)
+    lumpy = _sig(engine_step_tokens=175.6, steps_per_second=3.0, step_tokens_max=2048.0, **queue)
+    d = diagnose_engine(lumpy, Hints(max_num_batched_tokens=256))
+    assert d.bottleneck == "none" and d.max_num_seqs is None and "within one step" in d.evidence[0], d.evidence
+    full = _sig(engine_step_tokens=201.0, steps_per_second=3.0, step_tokens_max=2048.0, **queue)
+    assert diagnose_engine(full, Hints(max_num_batched_tokens=256)).bottleneck == "token_budget"
+    # a real sequence ceiling: decode steps of ~12 tokens and a 300-token prompt's end now and then
+    seqs = _sig(engine_step_tokens=12.0, steps_per_second=8.0, step_tokens_max=512.0,
+                **(queue | dict(requests_running=4.0, running_mean=3.6, running_recent_max=4.0, running_max_waiting=4.0)))
+    d = diagnose_engine(seqs)
+    assert d.bottleneck == "max_num_seqs" and d.max_num_seqs == (4, "inferred")

@@ -3,7 +3,13 @@ verdict rests on, so they are held to their meaning here, where no vLLM is neede
 
 from __future__ import annotations
 
-from tests.e2e.scenario import Row, after_timeout, detection_latency, saturated_rows, vllm_preempted_between
+import math
+
+from tests.e2e.harness import MODEL_NAME, Sample, Snapshot
+from tests.e2e.scenario import (
+    KVWATCH_TIMEOUT, Row, after_timeout, detection_latency, kvwatch_window, make_rows, saturated_rows,
+    vllm_rose_within, vllm_step_tokens_bounds, vllm_step_tokens_over,
+)
 
 
 def row(t, waiting=0.0, kv=0.0, preemptions=0.0, up=1.0, bottleneck="none", timeouts=0.0) -> Row:
@@ -19,11 +25,55 @@ def test_saturated_rows_need_a_queue_kvwatch_up_and_the_warmup_of_their_own_roun
     assert [r.t for r in saturated_rows(rows, [0.0, 12.0], 5.0)] == [6, 18]
 
 
-def test_preempted_between_compares_the_last_reads_at_or_before_each_end():
-    rows = [row(0, preemptions=3), row(2, preemptions=3), row(4, preemptions=7), row(5, preemptions=None)]
-    assert vllm_preempted_between(rows, 2.5, 5.0)
-    assert not vllm_preempted_between(rows, 0.0, 3.0)
-    assert not vllm_preempted_between(rows, -1.0, 5.0)  # nothing read before the start: cannot tell
+def read(t, preemptions=None, steps=None, tokens=None, took=0.05) -> Row:
+    """A row whose read of vLLM was asked at ``t`` and answered ``took`` later."""
+    r = row(t, preemptions=preemptions)
+    r.read, r.steps, r.step_tokens = (t, t + took), steps, tokens
+    return r
+
+
+def test_kvwatch_window_only_when_the_diagnosis_is_the_same_scrape_as_the_gauge():
+    r = row(20)
+    r.window, r.kw["step_tokens"], r.signals = (10.0, 19.0), 261.285714, {"engine_step_tokens": 261.2857}
+    assert kvwatch_window(r, "step_tokens") == (10.0, 19.0)
+    r.signals = {"engine_step_tokens": 244.1667}  # the diagnosis came from kvwatch's next scrape
+    assert kvwatch_window(r, "step_tokens") is None
+    r.signals = {}
+    assert kvwatch_window(r, "step_tokens") is None
+
+
+def test_rose_within_needs_two_reads_inside_the_window():
+    rows = [read(t, preemptions=p) for t, p in [(9.0, 3), (11.0, 3), (14.0, 7), (18.5, 7), (21.0, 9)]]
+    assert vllm_rose_within(rows, 10.0, 19.0)  # 3 at 11 s -> 7 at 14 s, both inside
+    # kvwatch's first scrape began at 10.5 s and may have read vLLM up to a scrape timeout later, after the
+    # test's read at 11 s: the rise may predate kvwatch's window; inside it, 7 -> 7
+    assert 10.5 + KVWATCH_TIMEOUT > 11.0 and not vllm_rose_within(rows, 10.5, 19.0)
+    assert not vllm_rose_within(rows, 11.5, 20.9)  # 7 -> 9 at 21 s: answered after kvwatch's last scrape began
+    assert not vllm_rose_within(rows, 14.5, 20.0)  # one read inside: nothing to compare
+
+
+def test_step_tokens_over_the_window_and_what_the_counters_allow():
+    # 1 read a second; each second 3 steps of 5 tokens, and a prefill's end (1805) in the 4th, 8th, ...
+    rows, steps, tokens = [], 0, 0
+    for t in range(30):
+        rows.append(read(float(t), steps=steps, tokens=tokens))
+        steps += 4
+        tokens += 15 + 1805 if t % 4 == 3 else 20
+    start, end = 10.1, 19.1  # kvwatch's first and last scrape, each just after a read of the test's
+    same = vllm_step_tokens_over(rows, start, end)
+    assert same == (rows[19].step_tokens - rows[10].step_tokens) / 36
+    lo, hi = vllm_step_tokens_bounds(rows, start, end)
+    # kvwatch read vLLM between 10.1 and 10.9 s, and between 19.1 and 19.9 s: its sums lie between the reads
+    # at 11 s and 19 s (at least) and at 10 s and 20 s (at most), its counts likewise
+    assert lo == (rows[19].step_tokens - rows[11].step_tokens) / (rows[20].steps - rows[10].steps)
+    assert hi == (rows[20].step_tokens - rows[10].step_tokens) / (rows[19].steps - rows[11].steps)
+    assert lo <= same <= hi
+    assert vllm_step_tokens_bounds(rows, -0.5, 19.0) is None  # no read before kvwatch's first scrape
+    assert vllm_step_tokens_bounds(rows, 10.0, 29.5) is None  # none after its last
+    idle = [read(float(t), steps=5, tokens=900) for t in range(5)]
+    assert vllm_step_tokens_over(idle, 1.0, 3.0) is None
+    short = vllm_step_tokens_bounds(rows, 10.02, 10.5)  # a window shorter than a read period
+    assert short[0] == 0.0 and short[1] == math.inf
 
 
 def test_after_timeout_lets_off_only_samples_after_a_counted_timeout():
@@ -50,3 +100,20 @@ def test_detection_latency_is_judged_only_when_vllm_was_still_kv_bound_two_inter
     assert d["detected_s"] is None and not d["judged"]
 
     assert detection_latency(base + [row(1.0, waiting=3, kv=0.4)])["onset_s"] is None
+
+
+def test_make_rows_takes_the_window_from_the_diagnosis_and_the_read_times_from_the_observer():
+    target = "http://127.0.0.1:1/metrics"
+    eng = f'engine="0",model_name="{MODEL_NAME}"'
+    kv = (f'kvwatch_up{{target="{target}"}} 1.0\n'
+          f'kvwatch_engine_step_tokens{{{eng},target="{target}"}} 261.2857142857143\n')
+    vllm = (f"vllm:iteration_tokens_total_count{{{eng}}} 84.0\nvllm:iteration_tokens_total_sum{{{eng}}} 21948.0\n"
+            f"vllm:num_requests_waiting{{{eng}}} 107.0\n")
+    diagnosis = {"engines": [{"model_name": MODEL_NAME, "engine": "0",
+                              "signals": {"t": 1033.9, "span_seconds": 9.0, "engine_step_tokens": 261.2857}}]}
+    s = Sample(1034.2, Snapshot(1034.2, kv), Snapshot(1034.2, vllm), diagnosis,
+               {"kvwatch": 0.004, "diagnosis": 0.02, "vllm": 0.04})
+    (r,) = make_rows([s], target, 1000.0)
+    assert r.window == (24.9, 33.9) and r.read == (34.22, 34.24)
+    assert (r.steps, r.step_tokens, r.waiting) == (84.0, 21948.0, 107.0)
+    assert kvwatch_window(r, "step_tokens") == (24.9, 33.9)

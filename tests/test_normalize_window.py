@@ -180,6 +180,31 @@ def test_stall_is_measured_from_the_last_token():
     assert s.throughput.stalled_seconds == 6  # last token at t=3
 
 
+def test_no_step_ended_in_the_window_is_zero_steps_and_no_tokens_per_step():
+    """vLLM observes vllm:iteration_tokens_total only for a step that emits output (a chunked prefill emits
+    none before its last chunk): a window with the histogram and no new observation has 0 steps/s and no
+    tokens per step; a source without the histogram has neither."""
+    h = EngineHistory("tiny-llama-dummy", "0", keep_seconds=100)
+    for t, body in enumerate(captures("token_budget")[:5]):  # before the load: exported, never observed
+        h.add(t, snaps_of(body)[("tiny-llama-dummy", "0")])
+    s = summarize(h, 4, 10)
+    assert s.throughput.steps_per_second == 0.0 and s.throughput.engine_step_tokens is None and s.throughput.step_tokens_max is None
+    bare = EngineHistory("m", "0", keep_seconds=100)
+    for t in range(3):
+        bare.add(*_snap(t, 100 * t, (0, 0, 0)))
+    s = summarize(bare, 2, 10)
+    assert s.throughput.steps_per_second is None and s.throughput.engine_step_tokens is None
+
+
+def test_step_tokens_max_is_the_bound_of_the_bucket_that_holds_every_step():
+    # real vLLM 0.32, 1800-token prompts in 256-token chunks: decode steps read ~5 tokens, a prefill's end ~1805
+    h = EngineHistory("tiny-llama-dummy", "0", keep_seconds=100)
+    for t, body in enumerate(captures("token_budget")[10:16]):
+        h.add(t, snaps_of(body)[("tiny-llama-dummy", "0")])
+    s = summarize(h, 5, 10)
+    assert s.throughput.step_tokens_max == 2048.0 and 200 < s.throughput.engine_step_tokens < 300
+
+
 def test_waiting_streak_counts_only_the_latest_samples_in_a_row():
     # Stray arrivals two samples apart are not a queue that persisted: the streak restarts at every empty sample.
     h = EngineHistory("m", "0", keep_seconds=100)

@@ -45,8 +45,16 @@ async def test_sim_server_serves_vllm_metrics_and_its_endpoints():
             assert text.endswith("\n")
             assert {f.name for f in text_string_to_metric_families(text)} >= {
                 "vllm:num_requests_running", "vllm:kv_cache_usage_perc", "vllm:num_preemptions"}
-            assert _gauge(text, "vllm:num_requests_waiting")[0] > 10
-            assert _gauge(text, "vllm:kv_cache_usage_perc")[0] > 0.5
+            # KV-bound, as the preset says. Like real vLLM's samples, its KV usage dips below 0.5 for a moment
+            # now and then (~4 % of simulated time after 4 s; a loaded machine serves this read seconds of
+            # simulated time later): one read of a few shows the state, a wrong preset or an empty body none.
+            bodies = [text]
+            for _ in range(9):
+                await asyncio.sleep(0.05)
+                bodies.append((await c.get(sim.url)).text)
+            bound = [(_gauge(b, "vllm:num_requests_waiting")[0], _gauge(b, "vllm:kv_cache_usage_perc")[0])
+                     for b in bodies]
+            assert any(w > 10 and kv > 0.5 for w, kv in bound), bound
 
             z = await c.get(sim.url, headers={"Accept-Encoding": "gzip"})
             assert z.status_code == 200 and z.headers["content-encoding"] == "gzip"

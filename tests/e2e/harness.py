@@ -98,8 +98,11 @@ class VllmServer(Process):
         except httpx.HTTPError:
             return False
 
-    def start_and_wait(self, timeout: float = 420.0) -> float:
-        """Start the server and block until GET /health is 200. Raises (never skips) if it cannot start."""
+    def start_and_wait(self, timeout: float = 600.0) -> float:
+        """Start the server and block until GET /health is 200. Raises (never skips) if it cannot start.
+
+        ``timeout`` catches a server that never comes up; it is no speed bound: start-up took 190-355 s on
+        the loaded 2-core CI machine (the old 420 s was close). The tests' own 900 s timeouts bound the whole."""
         t0 = time.monotonic()
         log(f"starting vLLM on :{self.port} with {' '.join(self.args)}")
         self.start()
@@ -337,6 +340,8 @@ class Sample:
     t: float
     kv: Snapshot | None          # kvwatch /metrics (None if it could not be read)
     vllm: Snapshot | None        # vLLM /metrics read by the test itself (None while the server is down)
+    diagnosis: dict | None = None  # kvwatch /api/v1/diagnosis, read just after its /metrics
+    took: dict = field(default_factory=dict)  # seconds from t to the end of each read (observe.py)
 
 
 class Observer:
@@ -382,7 +387,8 @@ class Observer:
             d = json.loads(line)
             t = d["t"]
             self._samples.append(Sample(t, Snapshot(t, d["kvwatch"]) if d["kvwatch"] else None,
-                                        Snapshot(t, d["vllm"]) if d["vllm"] else None))
+                                        Snapshot(t, d["vllm"]) if d["vllm"] else None,
+                                        d.get("diagnosis"), d.get("took") or {}))
         self._read += done
         return self._samples
 

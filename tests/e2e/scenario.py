@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,14 @@ class Row:
     kv: float | None
     preemptions: float | None      # vLLM's num_preemptions_total
     kw: dict = field(default_factory=dict)  # kvwatch per-engine gauges by short name
+    # when the test's read of vLLM got its answer: between these two times (None: no answer)
+    read: tuple[float, float] | None = None
+    steps: float | None = None        # vLLM's iteration_tokens_total: count (engine steps with output) ...
+    step_tokens: float | None = None  # ... and sum (their tokens), as the test read them
+    # kvwatch's window (its first and last scrape summarised) and signals, from the /api/v1/diagnosis read
+    # just after its /metrics
+    window: tuple[float, float] | None = None
+    signals: dict = field(default_factory=dict)
 
 
 #: fewest samples a scenario's verdict rests on (a share of 80 % is then 4 of 5). The reads come about once
@@ -74,11 +83,19 @@ NON_NEGATIVE = ["capacity", "usage", "running", "waiting", "prompt_tps", "gen_tp
                 "mean_seq", "est_max_conc", "to_full_s"]
 
 
+def _signals(diagnosis: dict | None) -> dict:
+    for e in (diagnosis or {}).get("engines") or []:
+        if e.get("model_name") == MODEL_NAME and e.get("engine") == "0":
+            return e.get("signals") or {}
+    return {}
+
+
 def make_rows(samples: list[Sample], target: str, t0: float) -> list[Row]:
     eng = {"target": target, "model_name": MODEL_NAME, "engine": "0"}
     rows = []
     for s in samples:
         kv, vl = s.kv, s.vllm
+        sig = _signals(s.diagnosis)
         row = Row(
             t=round(s.t - t0, 2),
             up=kv.value("kvwatch_up", target=target) if kv else None,
@@ -88,7 +105,15 @@ def make_rows(samples: list[Sample], target: str, t0: float) -> list[Row]:
             waiting=vllm_gauge(vl, "num_requests_waiting") if vl else None,
             kv=vllm_gauge(vl, "kv_cache_usage_perc") if vl else None,
             preemptions=vllm_gauge(vl, "num_preemptions_total") if vl else None,
+            steps=vllm_gauge(vl, "iteration_tokens_total_count") if vl else None,
+            step_tokens=vllm_gauge(vl, "iteration_tokens_total_sum") if vl else None,
+            signals=sig,
         )
+        if vl and "vllm" in s.took:
+            asked = max(s.took.get("kvwatch", 0.0), s.took.get("diagnosis", 0.0))  # the reads are in turn
+            row.read = (round(s.t + asked - t0, 3), round(s.t + s.took["vllm"] - t0, 3))
+        if "t" in sig and "span_seconds" in sig:
+            row.window = (round(sig["t"] - sig["span_seconds"] - t0, 3), round(sig["t"] - t0, 3))
         if kv:
             for short, name in KW_GAUGES.items():
                 row.kw[short] = kv.value(name, **eng)
@@ -207,14 +232,75 @@ def vllm_cache_config(samples) -> dict[str, str]:
     raise AssertionError("vLLM exported no vllm:cache_config_info")
 
 
-def vllm_preempted_between(rows: list[Row], a: float, b: float) -> bool:
-    """Did vLLM's own preemption counter (read by the test) rise between its last reads at or before ``a`` and
-    at or before ``b``? False when there is no read at or before ``a`` to compare with."""
-    def at(t: float) -> float | None:
-        seen = [r.preemptions for r in rows if r.t <= t and r.preemptions is not None]
-        return seen[-1] if seen else None
-    first, last = at(a), at(b)
-    return first is not None and last is not None and last > first
+#: kvwatch's --timeout (its default: 0.8 x the 1 s interval). kvwatch stamps a scrape with the time it began,
+#: and a scrape that succeeded read vLLM no later than this after that stamp.
+KVWATCH_TIMEOUT = 0.8
+
+#: kvwatch /metrics gauges (short names) and the diagnosis signal each one exports
+SIGNAL = {"step_tokens": "engine_step_tokens", "preempt_ps": "preemptions_per_second"}
+
+
+def kvwatch_window(r: Row, short: str) -> tuple[float, float] | None:
+    """kvwatch's window behind ``r.kw[short]``: (its first, its last scrape), rows' clock, as the diagnosis read
+    beside the /metrics says. None if that read is missing or came from the next scrape (the value differs;
+    the diagnosis rounds to 4 places). When the two agree, judging the gauge judges the diagnosis' value over
+    the diagnosis' window, whichever scrape the gauge came from."""
+    x, y = r.kw.get(short), r.signals.get(SIGNAL[short])
+    if r.window is None or x is None or y is None or abs(x - y) > 1e-4:
+        return None
+    return r.window
+
+
+def _reads(rows: list[Row], field: str) -> list[Row]:
+    return [r for r in rows if r.read is not None and getattr(r, field) is not None]
+
+
+def vllm_rose_within(rows: list[Row], start: float, end: float, field: str = "preemptions") -> bool:
+    """Did vLLM's counter ``field`` rise between two of the test's reads that lie inside kvwatch's window from
+    ``start`` to ``end`` (kvwatch's first and last scrape)? Inside: the first answered after kvwatch's first
+    scrape can have read vLLM, the last before its last scrape began. Counters only grow, so kvwatch's window
+    then holds the rise too, however far apart the reads came. False when no two reads lie inside."""
+    inside = [r for r in _reads(rows, field) if r.read[0] >= start + KVWATCH_TIMEOUT and r.read[1] <= end]
+    return len(inside) >= 2 and getattr(inside[-1], field) > getattr(inside[0], field)
+
+
+def vllm_step_tokens_over(rows: list[Row], start: float, end: float) -> float | None:
+    """vLLM's own tokens per engine step over kvwatch's window: iteration_tokens_total's sum / count between the
+    test's reads nearest its ends. The reads are up to half a read period off kvwatch's scrapes, and a step
+    carries a whole prompt when its prefill completes, so this is close to kvwatch's figure, not equal.
+    None without reads, or without a step in between."""
+    reads = _reads(rows, "steps")
+    if not reads:
+        return None
+    def near(t: float) -> Row:
+        return min(reads, key=lambda r: abs((r.read[0] + r.read[1]) / 2 - t))
+    a, b = near(start), near(end)
+    if b.steps - a.steps <= 0:
+        return None
+    return (b.step_tokens - a.step_tokens) / (b.steps - a.steps)
+
+
+def vllm_step_tokens_bounds(rows: list[Row], start: float, end: float) -> tuple[float, float] | None:
+    """Every value vLLM's counters allow for tokens per step over kvwatch's window from ``start`` to ``end``,
+    wherever in their scrapes kvwatch read vLLM: the sums and counts between the test's reads just inside and
+    just outside each end. Counters only grow, so a correct kvwatch is always within, at any load; the
+    bounds are wide (each end moves by up to a read period and a scrape). None without a read on both sides
+    of both ends."""
+    reads = _reads(rows, "steps")
+    def before(t: float) -> Row | None:
+        got = [r for r in reads if r.read[1] <= t]
+        return got[-1] if got else None
+    def after(t: float) -> Row | None:
+        got = [r for r in reads if r.read[0] >= t + KVWATCH_TIMEOUT]
+        return got[0] if got else None
+    s0, s1, e0, e1 = before(start), after(start), before(end), after(end)
+    if None in (s0, s1, e0, e1):
+        return None
+    tokens_lo, tokens_hi = max(0.0, e0.step_tokens - s1.step_tokens), e1.step_tokens - s0.step_tokens
+    steps_lo, steps_hi = max(0.0, e0.steps - s1.steps), e1.steps - s0.steps
+    if steps_hi <= 0:
+        return None
+    return tokens_lo / steps_hi, (tokens_hi / steps_lo if steps_lo > 0 else math.inf)
 
 
 def after_timeout(rows: list[Row], r: Row) -> bool:

@@ -15,8 +15,8 @@ import pytest
 
 from .harness import Kvwatch, Observer, Recorder, counts, drive_load, finite, log
 from .scenario import (
-    MIN_SAMPLES, NON_NEGATIVE, after_timeout, brief, describe, detection_latency, drive_rounds, make_rows,
-    run_scenario, saturated_rows, save_summary, vllm_preempted_between, write_timeline,
+    MIN_SAMPLES, NON_NEGATIVE, after_timeout, brief, describe, detection_latency, drive_rounds, kvwatch_window,
+    make_rows, run_scenario, saturated_rows, save_summary, vllm_rose_within, write_timeline,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
@@ -32,6 +32,9 @@ WARMUP = 5.0
 SHARE = 0.8
 #: the test reads vLLM and kvwatch up to 4x per kvwatch interval (1 s), for the detection latency
 OBSERVE_EVERY = 0.25
+#: seconds after vLLM's KV-bound onset by when kvwatch must say kv_cache: two of its 1 s intervals (its goal,
+#: and when detection_latency judges a miss)
+REACT = 2.0
 
 
 @pytest.fixture(scope="module")
@@ -44,19 +47,24 @@ async def test_kv_cache(server, scenario_dir, vocab_size):
                              variants={"nohint": []}, record_seconds=40, observe_every=OBSERVE_EVERY,
                              min_saturated=MIN_SAMPLES, warmup=WARMUP)
     rows = run.rows["nohint"]
-    sat = run.saturated("nohint", WARMUP)
-    info = describe(sat)
     # Reported (bench/RESULTS.md), not held to a time: the goal is <= 2 scrape intervals (1 s each).
     detection = detection_latency(rows) | {"interval_s": 1.0}
+    # Judged from REACT after vLLM's own KV-bound onset, not from a fixed time into the load: the first
+    # admission wave is one long step on a loaded machine, vLLM's metrics stand still meanwhile (one run: 76
+    # waiting, KV 0.58, 1130 tokens per step, no preemption, from 5 s to 7.3 s into the load), and kvwatch
+    # rightly names no KV bound from those. The onset is vLLM's, read by the test (detection_latency).
+    onset = detection["onset_s"]
+    sat = [r for r in run.saturated("nohint", WARMUP) if onset is not None and r.t >= onset + REACT]
+    info = describe(sat)
     run.write_summary(saturated=info, detection=detection)
     log(f"[kv_cache] detection: {detection}")
     log(f"[kv_cache] saturated: {brief(info)}")
 
     assert run.load.failed == 0, run.load.failure(server)
     assert run.record_rc == 0 and run.record_files >= 20, (run.record_rc, run.record_files)
-    # the scenario itself: vLLM really queued (ground truth, read from vLLM by the test)
-    assert len(sat) >= MIN_SAMPLES, f"too few saturated samples: {brief(info)}"
+    # the scenario itself: vLLM really queued, KV-bound (ground truth, read from vLLM by the test)
     assert detection["onset_s"] is not None, "vLLM never reported the KV-bound state (waiting, KV >= 0.9 or preempting)"
+    assert len(sat) >= MIN_SAMPLES, f"too few saturated samples after the KV-bound onset: {brief(info)}"
     assert detection["detected_s"] is not None, f"kvwatch never said kv_cache after the onset: {detection}"
 
     # capacity == vLLM's kv_cache_size_tokens (== 16 MiB / 4 KiB)
@@ -70,20 +78,23 @@ async def test_kv_cache(server, scenario_dir, vocab_size):
     assert bn.get("kv_cache", 0) >= SHARE * len(sat), f"bottleneck while waiting: {bn}"
     assert not {"max_num_seqs", "token_budget"} & set(bn), f"wrong limit named while waiting: {bn}"
 
-    # preemptions are seen wherever vLLM's own counter (read by the test) rose inside kvwatch's 10 s window,
-    # with 2 s of slack at each end. When the first one comes depends on the machine's speed, so the
-    # ground truth says which samples must show it.
-    preempting = [r for r in sat if vllm_preempted_between(rows, r.t - 8.0, r.t - 2.0)]
-    assert preempting, f"vLLM never preempted while requests waited: {brief(info)}"
-    pre = [(r.t, r.kw.get("preempt_ps")) for r in preempting]
-    assert all(p is not None and p > 0 for _, p in pre), f"kvwatch_preemptions_per_second (t, value): {pre}"
+    # preemptions are seen wherever vLLM's own counter rose between two of the test's reads inside kvwatch's
+    # window (its first and last scrape, from the diagnosis read beside the /metrics): the counter only grows,
+    # so kvwatch's window holds that rise, however the machine's speed placed the preemptions and the reads
+    # (the old "between the reads at t-8 and t-2" took the read before t-8, which a stall could put outside).
+    preempting = [r for r in sat if (w := kvwatch_window(r, "preempt_ps")) and vllm_rose_within(rows, *w)]
+    assert preempting, f"vLLM never preempted between two reads inside kvwatch's window: {brief(info)}"
+    pre = [(r.t, r.window, r.kw["preempt_ps"]) for r in preempting]
+    assert all(p > 0 for _, _, p in pre), f"kvwatch_preemptions_per_second (t, window, value): {pre}"
 
-    # estimated max concurrency ~ the Running that vLLM really sustained while requests waited
-    observed = statistics.mean(r.running for r in sat)
+    # estimated max concurrency ~ the Running that vLLM really sustained while requests waited: medians of both,
+    # since a sample of real vLLM can read Running 0 mid-run and with few samples one such read moves a mean by 20 %
+    observed = statistics.median(r.running for r in sat)
     est = [r.kw["est_max_conc"] for r in sat if r.kw.get("est_max_conc") is not None]
     assert est, "kvwatch_estimated_max_concurrency never exported while waiting"
     estimate = statistics.median(est)
-    run.write_summary(observed_mean_running=observed, estimated_max_concurrency_median=estimate)
+    run.write_summary(observed_mean_running=statistics.mean(r.running for r in sat), observed_median_running=observed,
+                      estimated_max_concurrency_median=estimate)
     assert abs(estimate - observed) <= 0.30 * observed, (estimate, observed)
 
 
@@ -157,7 +168,9 @@ async def test_restart(server, scenario_dir, vocab_size):
     """Kill vLLM under load and restart it on the same port, kvwatch running throughout."""
     kw = Kvwatch(server.metrics_url, scenario_dir / "kvwatch-nohint.log")
     kw.start_and_wait()
-    recorder = Recorder(server.metrics_url, scenario_dir / "recording", 150, scenario_dir / "kvwatch-record.log")
+    # recording for as long as the test may take (it is stopped at the end): the restart alone took over 190 s on
+    # a loaded 2-core machine, and a fixed 150 s ended the recording before vLLM was back
+    recorder = Recorder(server.metrics_url, scenario_dir / "recording", 900, scenario_dir / "kvwatch-record.log")
     obs = Observer(kw.url, server.metrics_url, scenario_dir / "kvwatch-nohint.jsonl")
     marks: dict[str, float] = {}
     t_begin = time.monotonic()
@@ -238,7 +251,10 @@ async def test_restart(server, scenario_dir, vocab_size):
     # the samples right after a counted timeout are let off, and only those.
     down_after = [(r.t, r.up) for r in after if r.up != 1 and not after_timeout(rows, r)]
     assert after and not down_after, f"kvwatch_up after restart (t, up): {down_after}"
-    assert all(r.bottleneck is not None and r.target_bottleneck not in (None, "unreachable") for r in after)
+    # a run of timed-out scrapes ends in stale (series withdrawn) and unreachable by design: let off the same samples
+    lost = [(r.t, r.bottleneck, r.target_bottleneck) for r in after if not after_timeout(rows, r)
+            and (r.bottleneck is None or r.target_bottleneck in (None, "unreachable"))]
+    assert not lost, f"no diagnosis after restart (t, bottleneck, target): {lost}"
     assert len(sat2) >= MIN_SAMPLES, f"too few saturated samples after restart: {brief(describe(sat2))}"
     bn = counts(r.bottleneck for r in sat2)
     assert bn.get("kv_cache", 0) >= SHARE * len(sat2), f"bottleneck while waiting after restart: {bn}"
