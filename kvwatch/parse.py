@@ -16,7 +16,7 @@ Strictness:
 Lines of skipped families are not validated beyond that (they are never read).
 
 ``tests/test_parse.py`` proves this parser equal to ``prometheus_client`` on every fixture and on
-generated exposition text; ``tests/test_bench_equivalence.py`` proves the fast paths equal to the
+generated exposition text; ``tests/test_parse_equivalence.py`` proves the fast paths equal to the
 general path (and the filtered parse equal to ``prometheus_client``) on generated text.
 """
 
