@@ -7,8 +7,8 @@ import math
 
 from tests.e2e.harness import MODEL_NAME, Sample, Snapshot
 from tests.e2e.scenario import (
-    KVWATCH_TIMEOUT, Row, after_timeout, detection_latency, kvwatch_window, make_rows, saturated_rows,
-    vllm_rose_within, vllm_step_tokens_bounds, vllm_step_tokens_over,
+    KVWATCH_TIMEOUT, Row, after_timeout, detection_latency, evaluated_since, kvwatch_window, make_rows,
+    saturated_rows, vllm_rose_within, vllm_step_tokens_bounds, vllm_step_tokens_over,
 )
 
 
@@ -117,3 +117,14 @@ def test_make_rows_takes_the_window_from_the_diagnosis_and_the_read_times_from_t
     assert r.window == (24.9, 33.9) and r.read == (34.22, 34.24)
     assert (r.steps, r.step_tokens, r.waiting) == (84.0, 21948.0, 107.0)
     assert kvwatch_window(r, "step_tokens") == (24.9, 33.9)
+
+
+def test_evaluated_since_goes_by_kvwatchs_clock_from_the_diagnosis_read_before():
+    rows = [row(t) for t in (9.0, 10.0, 14.0, 15.0)]
+    for r, ev in zip(rows, (8.5, 9.6, 9.6, 14.7)):  # kvwatch stalled: no evaluation from 9.6 s to 14.7 s
+        r.evaluated = ev
+    # the read at 14 s came 4 s after 10 s, yet kvwatch had not evaluated since 9.6 s
+    assert [evaluated_since(rows, r, 9.5) for r in rows] == [False, False, True, True]
+    assert [evaluated_since(rows, r, 11.0) for r in rows] == [False, False, False, False]
+    rows[2].evaluated = None
+    assert not evaluated_since(rows, rows[3], 9.5)

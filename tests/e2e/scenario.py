@@ -45,6 +45,7 @@ class Row:
     # just after its /metrics
     window: tuple[float, float] | None = None
     signals: dict = field(default_factory=dict)
+    evaluated: float | None = None  # when kvwatch made that diagnosis (its "timestamp")
 
 
 #: fewest samples a scenario's verdict rests on (a share of 80 % is then 4 of 5). The reads come about once
@@ -112,6 +113,8 @@ def make_rows(samples: list[Sample], target: str, t0: float) -> list[Row]:
         if vl and "vllm" in s.took:
             asked = max(s.took.get("kvwatch", 0.0), s.took.get("diagnosis", 0.0))  # the reads are in turn
             row.read = (round(s.t + asked - t0, 3), round(s.t + s.took["vllm"] - t0, 3))
+        if s.diagnosis and s.diagnosis.get("timestamp") is not None:
+            row.evaluated = round(s.diagnosis["timestamp"] - t0, 3)
         if "t" in sig and "span_seconds" in sig:
             row.window = (round(sig["t"] - sig["span_seconds"] - t0, 3), round(sig["t"] - t0, 3))
         if kv:
@@ -301,6 +304,15 @@ def vllm_step_tokens_bounds(rows: list[Row], start: float, end: float) -> tuple[
     if steps_hi <= 0:
         return None
     return tokens_lo / steps_hi, (tokens_hi / steps_lo if steps_lo > 0 else math.inf)
+
+
+def evaluated_since(rows: list[Row], r: Row, t: float) -> bool:
+    """Had kvwatch evaluated at or after ``t`` (rows' clock) when the test read its /metrics for ``r``? Judged by
+    the diagnosis read in the row before: kvwatch's answers only move forward and the reads are in turn, so
+    that /metrics is at least as new. By kvwatch's own clock, so a stalled kvwatch or sparse reads cannot
+    put a sample on the wrong side. False for the first row or without that diagnosis."""
+    i = rows.index(r)
+    return i > 0 and rows[i - 1].evaluated is not None and rows[i - 1].evaluated >= t
 
 
 def after_timeout(rows: list[Row], r: Row) -> bool:
