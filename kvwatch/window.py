@@ -434,10 +434,13 @@ def stalled_seconds(pts: list[Point]) -> float:
     since = None
     for a, b in zip(reversed(pts[:-1]), reversed(pts), strict=False):
         present = b.gauges.get("requests_running", 0.0) + b.gauges.get("requests_waiting", 0.0) > 0
+        # vLLM counts a prompt's tokens when its prefill completes (and emits nothing before), so a long prompt
+        # in chunked prefill shows no token for seconds while its chunks allocate KV blocks: KV usage that moves
+        # is progress. A hung engine publishes nothing at all, KV usage included.
         moved = any(
             k in a.counters and k in b.counters and b.counters[k] > a.counters[k]
             for k in ("generation_tokens", "prompt_tokens")
-        )
+        ) or a.gauges.get("kv_cache_usage_ratio") != b.gauges.get("kv_cache_usage_ratio")
         if moved or not present:
             break
         since = a.t

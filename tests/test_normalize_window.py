@@ -214,3 +214,23 @@ def test_waiting_streak_counts_only_the_latest_samples_in_a_row():
     assert (s.queue.waiting_samples, s.queue.waiting_streak) == (3, 1)
     h.add(*_snap(5, 500, (0, 0, 0), waiting=3, running=6))
     assert summarize(h, 5, 10).queue.waiting_streak == 2
+
+
+def test_kv_usage_that_moves_is_progress_for_the_stall_detector():
+    # e2e token_budget with two busy loops: one 1800-token prompt in 256-token chunks for 5.5 s, no token
+    # counted (vLLM counts it when the prefill completes), KV usage 0.012 -> 0.036. Not a stall.
+    def snap(t, kv):
+        body = ('vllm:prompt_tokens_total{engine="0",model_name="m"} 0\n'
+                'vllm:generation_tokens_total{engine="0",model_name="m"} 0\n'
+                'vllm:num_requests_running{engine="0",model_name="m"} 1\n'
+                'vllm:num_requests_waiting{engine="0",model_name="m"} 119\n'
+                f'vllm:kv_cache_usage_perc{{engine="0",model_name="m"}} {kv}\n')
+        return t, snaps_of(body)[("m", "0")]
+    prefilling = EngineHistory("m", "0", keep_seconds=100)
+    for t in range(8):
+        prefilling.add(*snap(t, 0.012 + 0.004 * (t // 2)))  # a chunk every other sample
+    assert summarize(prefilling, 7, 10).throughput.stalled_seconds == 1  # since the last chunk, not the last token (none)
+    hung = EngineHistory("m", "0", keep_seconds=100)
+    for t in range(8):
+        hung.add(*snap(t, 0.036))
+    assert summarize(hung, 7, 10).throughput.stalled_seconds == 7
