@@ -190,6 +190,7 @@ def test_replay_text_report():
     assert "worst moment" in r.stdout and "=> fp8_kv_cache" in r.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "args, env_extra, names",
     [

@@ -192,6 +192,7 @@ def test_example_holds_the_whole_stack():
 # -- schemas -----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
 @pytest.mark.parametrize("path", RENDERABLE, ids=_id)
 def test_builtin_kinds_validate_strictly(path, version, tmp_path):

@@ -312,6 +312,7 @@ def test_every_example_log_is_listed():
     assert sorted(EXPECTED) == sorted(p.name for p in LOGS.glob("*.log"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_example_logs_through_the_cli(name):
     p = subprocess.run([sys.executable, "-m", "kvwatch", "logs", "--json", str(LOGS / name)],

@@ -17,6 +17,9 @@ from kvwatch.catalog import Action, Bottleneck
 ACTIONS, BOTTLENECKS = list(Action), list(Bottleneck)
 from kvwatch.logs import main as logs_main
 
+# Every test but one starts `python -m kvwatch logs` (many processes): outside the fast lane.
+pytestmark = pytest.mark.slow
+
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm-0.32.0-cpu"
 KVWATCH = [sys.executable, "-m", "kvwatch", "logs"]
 JSON_KEYS = {

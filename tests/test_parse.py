@@ -134,12 +134,14 @@ def exposition(draw):
     return "\n".join(lines) + "\n"
 
 
+@pytest.mark.slow  # hypothesis: hundreds of generated examples
 @settings(max_examples=300, deadline=None)
 @given(exposition())
 def test_equal_to_prometheus_client_on_generated_text(body):
     assert _ours(body) == _reference(body)
 
 
+@pytest.mark.slow  # hypothesis: hundreds of generated examples
 @settings(max_examples=200, deadline=None)
 @given(exposition(), st.integers(1, 200))
 def test_a_cut_body_never_parses_as_different_numbers(body, cut):

@@ -78,6 +78,7 @@ def _line(draw):
     return f"{lead}{name}{draw(_LABELS)}{draw(_SEP)}{draw(_VALUE)}{ts}{tail}"
 
 
+@pytest.mark.slow  # hypothesis: hundreds of generated examples
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     lines=st.lists(_line(), max_size=25),
@@ -181,6 +182,7 @@ def _exposition(draw):
     return "\n".join(lines) + "\n", names
 
 
+@pytest.mark.slow  # hypothesis: hundreds of generated examples
 @settings(max_examples=300, deadline=None)
 @given(_exposition(), st.data())
 def test_filtered_parse_equals_prometheus_client_on_generated_text(case, data):
@@ -195,6 +197,7 @@ def bodies():
     return real_bodies()
 
 
+@pytest.mark.slow
 def test_filtered_parse_equals_prometheus_client_on_the_benchmark_payloads(bodies):
     dp = relabel(bodies[20], 8, 2)
     assert _ours(dp, keep_family) == _reference(dp, keep_family)
