@@ -3,6 +3,7 @@ logs of older formats); every complete stats record must still come out, with th
 same diagnosis, and nothing may fail.
 """
 
+import functools
 import json
 import re
 import subprocess
@@ -42,6 +43,7 @@ def summary(s: LogSession) -> list[tuple]:
     return out
 
 
+@functools.cache  # one clean read per log, shared by every mess and width applied to it
 def clean(path: Path) -> list[tuple]:
     return summary(read(path.read_bytes().decode("utf-8", errors="replace")))
 
