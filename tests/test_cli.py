@@ -19,6 +19,9 @@ from tests.helpers.recordings import FIXTURES
 
 KVWATCH = [sys.executable, "-m", "kvwatch"]
 
+# Every test starts kvwatch as a process (servers, one-shot runs): outside the fast lane.
+pytestmark = pytest.mark.slow
+
 
 def env(**extra):
     e = {k: v for k, v in os.environ.items() if not k.startswith("KVWATCH_")}
@@ -62,7 +65,6 @@ async def stop(proc):
     return proc.returncode
 
 
-@pytest.mark.slow
 async def test_run_serves_metrics_diagnosis_and_probes():
     async with FakeVllm() as up:
         up.serve_dir("kv_cache")
@@ -111,7 +113,6 @@ async def test_run_serves_metrics_diagnosis_and_probes():
         assert up.requests >= 3 and "HTTP Request:" not in log, log[-2000:]
 
 
-@pytest.mark.slow
 async def test_readyz_does_not_depend_on_vllm():
     port = free_port()
     dead = f"http://127.0.0.1:{free_port()}/metrics"
@@ -135,7 +136,6 @@ async def test_readyz_does_not_depend_on_vllm():
         assert await stop(proc) == 0
 
 
-@pytest.mark.slow
 async def test_record_then_replay(tmp_path):
     async with FakeVllm() as up:
         up.serve_dir("max_num_seqs")
@@ -157,7 +157,6 @@ async def test_record_then_replay(tmp_path):
     assert doc["summary"]["worst"]["bottleneck"] == "max_num_seqs"
 
 
-@pytest.mark.slow
 async def test_diagnose_live_url():
     async with FakeVllm() as up:
         up.serve_dir("token_budget")
@@ -190,7 +189,6 @@ def test_replay_text_report():
     assert "worst moment" in r.stdout and "=> fp8_kv_cache" in r.stdout
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(
     "args, env_extra, names",
     [

@@ -8,8 +8,10 @@ import pytest
 
 from tests.helpers.ports import free_port
 
+# Both start `python -m kvwatch demo` (the first runs it for 20 s): outside the fast lane.
+pytestmark = pytest.mark.slow
 
-@pytest.mark.slow
+
 def test_demo_plain_shows_at_least_three_bottlenecks():
     port = free_port()
     r = subprocess.run(

@@ -242,6 +242,7 @@ def test_a_truncated_number_is_never_read_as_a_smaller_one():
     assert s.results == [] and s.assembler.skipped == [1]
 
 
+@pytest.mark.slow  # runs `python -m kvwatch logs`
 def test_bytes_that_are_not_utf8_and_huge_lines(tmp_path):
     data = KV_CACHE.read_bytes().replace(b"Triton is installed", b"\xff\xferiton is installed")
     data = b"x" * (3 << 20) + b"\n" + data  # a 3 MiB line without a newline in sight of a record

@@ -15,7 +15,12 @@ import sys
 import threading
 from pathlib import Path
 
+import pytest
+
 from tests.helpers.process import Process
+
+# Every test runs `python -m kvwatch logs` as a process, fed in real time: outside the fast lane.
+pytestmark = pytest.mark.slow
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm-0.32.0-cpu"
 KV = (FIXTURES / "kv_cache" / "server.log").read_text().splitlines(keepends=True)

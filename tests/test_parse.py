@@ -36,6 +36,7 @@ def test_there_are_captures():
     assert len(ALL_CAPTURES) > 100
 
 
+@pytest.mark.slow  # 192 captures through prometheus_client's pure-Python parser
 @pytest.mark.parametrize("path", ALL_CAPTURES, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_equal_to_prometheus_client_on_every_capture(path):
     body = path.read_text()
