@@ -61,7 +61,9 @@ async def test_kv_cache(server, scenario_dir, vocab_size):
     log(f"[kv_cache] saturated: {brief(info)}")
 
     assert run.load.failed == 0, run.load.failure(server)
-    assert run.record_rc == 0 and run.record_files >= 20, (run.record_rc, run.record_files)
+    # kvwatch record saves one file a scrape: a CPU-starved machine slows it (13 of 40 s at load 13), so only
+    # that it recorded (a broken recorder writes 0 or 1), not how fast
+    assert run.record_rc == 0 and run.record_files >= 8, (run.record_rc, run.record_files)
     # the scenario itself: vLLM really queued, KV-bound (ground truth, read from vLLM by the test)
     assert detection["onset_s"] is not None, "vLLM never reported the KV-bound state (waiting, KV >= 0.9 or preempting)"
     assert len(sat) >= MIN_SAMPLES, f"too few saturated samples after the KV-bound onset: {brief(info)}"

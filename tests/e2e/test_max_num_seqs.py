@@ -43,7 +43,7 @@ async def test_healthy(server, scenario_dir, vocab_size):
     # served, in whatever time the machine allows: LIGHT's 60 requests took 25-37 s on an idle machine, and a
     # loaded one stretches that past max_seconds (which then ends the load, nothing fails)
     assert run.load.ok >= LIGHT["concurrency"], f"only {run.load.ok} requests served in {LIGHT['max_seconds']} s"
-    assert run.record_rc == 0 and run.record_files >= 15, (run.record_rc, run.record_files)
+    assert run.record_rc == 0 and run.record_files >= 8, (run.record_rc, run.record_files)  # see test_max_num_seqs below
     # the scenario itself: nothing ever waited in vLLM
     assert max(r.waiting for r in rows if r.waiting is not None) == 0, info["vllm_waiting"]
     assert len(rows) >= 2 * MIN_SAMPLES, brief(info)
@@ -57,7 +57,9 @@ async def test_max_num_seqs(server, scenario_dir, vocab_size):
     run = await run_scenario("max_num_seqs", scenario_dir, server, load=BURST, vocab_size=vocab_size,
                              variants=variants, record_seconds=35, min_saturated=MIN_SAMPLES, warmup=WARMUP)
     assert run.load.failed == 0, run.load.failure(server)
-    assert run.record_rc == 0 and run.record_files >= 20, (run.record_rc, run.record_files)
+    # kvwatch record saves one file a scrape: a CPU-starved machine slows it (13 of 40 s at load 13), so only
+    # that it recorded (a broken recorder writes 0 or 1), not how fast
+    assert run.record_rc == 0 and run.record_files >= 8, (run.record_rc, run.record_files)
     sats = {v: run.saturated(v, WARMUP) for v in variants}
     run.write_summary(saturated={v: describe(s) for v, s in sats.items()})
     for v, sat in sats.items():

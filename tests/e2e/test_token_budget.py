@@ -62,7 +62,9 @@ async def test_token_budget(server, scenario_dir, vocab_size):
                              variants=variants, record_seconds=40, observe_every=OBSERVE_EVERY,
                              min_saturated=MIN_SAMPLES, warmup=WARMUP)
     assert run.load.failed == 0, run.load.failure(server)
-    assert run.record_rc == 0 and run.record_files >= 20, (run.record_rc, run.record_files)
+    # kvwatch record saves one file a scrape: a CPU-starved machine slows it (13 of 40 s at load 13), so only
+    # that it recorded (a broken recorder writes 0 or 1), not how fast
+    assert run.record_rc == 0 and run.record_files >= 8, (run.record_rc, run.record_files)
     sats = {v: run.saturated(v, WARMUP) for v in variants}
     # ground truth while requests waited, from vLLM's own counters as the test read them
     step = vllm_step_tokens(run.samples["nohint"], {r.t for r in sats["nohint"]}, run.t_load_start)
