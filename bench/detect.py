@@ -26,10 +26,11 @@ import time
 import aiohttp
 
 from bench.procs import kvwatch_run
+from kvwatch.catalog import Bottleneck
 from kvwatch.sim import SimServer, parse_scenario
 
 POLL = 0.025
-_KV_LINE = re.compile(r'^kvwatch_bottleneck\{bottleneck="kv_cache",[^}]*\} 1\.0$', re.M)
+_KV_LINE = re.compile(rf'^kvwatch_bottleneck\{{bottleneck="{Bottleneck.KV_CACHE}",[^}}]*\}} 1\.0$', re.M)
 
 
 def scenario(warmup_s: float):

@@ -4,6 +4,7 @@ collector builds exactly its families, and the README's tables are generated fro
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from operator import attrgetter
@@ -22,7 +23,8 @@ from tests.helpers.recordings import FIXTURES
 
 REPO = Path(__file__).resolve().parents[1]
 NAMES = {str(x) for x in (*Bottleneck, *Action)}
-FLAG_NAMES = {"max_num_seqs", "enable_prefix_caching"}  # also vLLM config keys: a list of flags is no offence
+# Also vLLM config keys, or Grafana's unit "none": a list of them alone is no offence.
+FLAG_NAMES = {"max_num_seqs", "enable_prefix_caching", "none"}
 
 
 def _literal_names(node: ast.AST) -> list[str]:
@@ -34,12 +36,22 @@ def _mentions(node: ast.AST, words=("bottleneck", "action")) -> bool:
     return any(w in text for w in words)
 
 
+_SELECTOR = re.compile(r'(?:bottleneck|action)=\\?"([a-z0-9_]+)\\?"')
+
+
 def spelled_by_hand(source: str) -> list[tuple[int, str]]:
     """Bottleneck or action names written as string literals where code decides by them: compared with
     something named bottleneck/action, collected two or more together, or passed to ``Bottleneck()`` /
     ``Action()``. (``max_num_seqs`` is also a flag's name, so a lone literal is not an offence.)"""
     found = []
-    for node in ast.walk(ast.parse(source)):
+    tree = ast.parse(source)
+    docstrings = {
+        id(n.body[0].value)
+        for n in ast.walk(tree)
+        if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)
+    }
+    for node in ast.walk(tree):
         if isinstance(node, ast.Compare) and _mentions(node):
             found += [(node.lineno, v) for v in _literal_names(node)]
         elif isinstance(node, (ast.Tuple, ast.List, ast.Set)) and len(names := _literal_names(node)) >= 2:
@@ -47,13 +59,17 @@ def spelled_by_hand(source: str) -> list[tuple[int, str]]:
                 found += [(node.lineno, v) for v in names]
         elif isinstance(node, ast.Call) and ast.unparse(node.func) in ("Bottleneck", "Action"):
             found += [(node.lineno, v) for v in _literal_names(node)]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            # a label selector spelled in a string (a regex, a query)
+            found += [(node.lineno, v) for v in _SELECTOR.findall(node.value) if v in NAMES]
     return found
 
 
 def test_no_bottleneck_or_action_is_spelled_outside_the_catalogue():
+    code = [p for d in ("kvwatch", "bench", "grafana", "docs", "alerts") for p in sorted((REPO / d).rglob("*.py"))]
     offences = [
         f"{p.relative_to(REPO)}:{line}: {name!r}"
-        for p in sorted((REPO / "kvwatch").rglob("*.py"))
+        for p in code
         if p.name != "catalog.py"
         for line, name in spelled_by_hand(p.read_text())
     ]
@@ -66,6 +82,7 @@ def test_no_bottleneck_or_action_is_spelled_outside_the_catalogue():
     'LIMITS = ("kv_cache", "max_num_seqs")',
     'b = Bottleneck("stalled")',
     'if r.action != "add_replica": pass',
+    '''RE = r'^kvwatch_bottleneck\\{bottleneck="kv_cache",[^}]*\\} 1$' ''',
 ])
 def test_the_literal_check_catches_each_way_of_spelling_a_name(code):
     assert spelled_by_hand(code)
