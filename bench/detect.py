@@ -21,7 +21,6 @@ import copy
 import json
 import re
 import statistics
-import time
 
 import aiohttp
 
