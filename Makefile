@@ -26,7 +26,7 @@ test:
 # pytest exits 5 when it collects nothing: make fails on any non-zero status, but say why.
 test-all:
 	@echo "=== unit, integration and pipeline tests (all but e2e) ($$(date +%T))"
-	@$(PYTEST) -q -p no:cacheprovider -m 'not e2e' $(ARGS); rc=$$?; \
+	@$(PYTEST) -q -p no:cacheprovider -m 'not e2e' --durations=15 $(ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make: pytest collected no tests" >&2; fi; exit $$rc
 
 # What CI runs (.ci/run, after its install steps).

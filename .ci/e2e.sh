@@ -11,6 +11,10 @@ if ! vllm_py="$(bash tests/e2e/setup_vllm.sh | tail -n 1)"; then
     echo "e2e: FAILED to set up the vLLM environment" >&2
     exit 1
 fi
+if [[ -n "${KVWATCH_VLLM_SETUP_LOG:-}" && -f "$KVWATCH_VLLM_SETUP_LOG" ]]; then
+    echo "   (.ci/run started the install early; its log:)"
+    sed 's/^/   | /' "$KVWATCH_VLLM_SETUP_LOG" | tail -n 40
+fi
 export KVWATCH_E2E_PYTHON="$vllm_py"
 echo "   vLLM python: $KVWATCH_E2E_PYTHON (setup $(( $(date +%s) - start )) s)"
 

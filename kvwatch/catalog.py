@@ -69,7 +69,7 @@ _BOTTLENECK_INFO: dict[Bottleneck, tuple[str, str, str]] = {
         "red",
         "requests wait because free KV blocks cannot hold the next prefill: high KV usage, the throughput gap, preemptions",
     ),
-    Bottleneck.UNREACHABLE: ("unreachable", "purple", "no successful scrape in the window"),
+    Bottleneck.UNREACHABLE: ("unreachable", "purple", "no successful scrape for `--stale-after` seconds (default 5)"),
     Bottleneck.STALLED: ("stalled", "dark-red", "requests present, no token progress"),
 }
 _SEVERITY = {b: i for i, b in enumerate(Bottleneck)}
