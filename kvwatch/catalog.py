@@ -284,7 +284,8 @@ FAMILIES: tuple[Family, ...] = (
     _engine(
         "kvwatch_engine_step_tokens",
         "tokens",
-        "Mean tokens scheduled per engine step over the window.",
+        "Mean of vLLM's tokens-per-engine-step histogram (iteration_tokens_total) over the window; vLLM counts a "
+        "chunked prompt whole in the step that finishes it, so a window can read above max_num_batched_tokens.",
         "throughput.engine_step_tokens",
     ),
     _engine(
