@@ -8,7 +8,7 @@ From a Hugging Face ``config.json`` and the flags vLLM will get, this does vLLM'
   ``multi_query_group_num``, ``num_attention_groups``, else ``num_attention_heads``), KV heads per GPU
   (``get_num_kv_heads``: ``max(1, total // tensor_parallel_size)``, 1 for MLA), head size
   (``get_head_size``: ``kv_lora_rank + qk_rope_head_dim`` for MLA, else ``head_dim``, else
-  ``hidden_size // num_attention_heads``), the derived ``max_model_len`` (the smallest of the length keys).
+  ``hidden_size // num_attention_heads``), the derived ``max_model_len`` (the smallest length key, RoPE-scaled).
 - ``vllm/v1/kv_cache_interface.py``: a page (one block of one layer) is ``2 x block_size x kv_heads x
   head_size x dtype_bytes`` (``FullAttentionSpec``, K and V), ``block_size x head_size x dtype_bytes`` for
   MLA (``MLAAttentionSpec``: one latent vector per token); a request at ``max_model_len`` holds
@@ -35,12 +35,14 @@ from typing import Any
 from kvwatch.catalog import Action, Bottleneck, Thresholds
 
 __all__ = [
+    "DEFAULT_BLOCK_SIZE",
     "Capacity",
     "Deployment",
     "Model",
     "Plan",
     "PlanError",
     "WhatIf",
+    "as_dict",
     "binding_limit",
     "capacity",
     "estimate_parameters",
@@ -51,6 +53,7 @@ __all__ = [
     "max_concurrency",
     "model_from_config",
     "plan",
+    "render_text",
     "what_ifs",
 ]
 
@@ -117,6 +120,7 @@ class Model:
     derived_max_model_len: int | None = None
     max_len_key: str | None = None
     parameters: int | None = None  # estimate_parameters, dense decoders only
+    kv_cache_scheme: bool = False  # the checkpoint's quantization_config sets a KV cache scheme (often FP8)
 
     @property
     def attention(self) -> str:
@@ -196,7 +200,7 @@ def _layer_windows(tc: dict, model_type: str, layers: int) -> tuple[int | None, 
     if types is not None:
         if not isinstance(types, list) or len(types) != layers:
             raise PlanError(f"config.json's layer_types must list {layers} layers (num_hidden_layers)")
-        if other := sorted({t for t in types if t not in ("full_attention", "sliding_attention")}, key=str):
+        if other := sorted({repr(t) for t in types if t not in ("full_attention", "sliding_attention")}):
             raise PlanError(f"not supported: layer_types {other} (only full_attention and sliding_attention are sized)")
         if "sliding_attention" in types and (not isinstance(window, int) or isinstance(window, bool) or window <= 0):
             raise PlanError("config.json's layer_types has sliding_attention layers but no sliding_window size")
@@ -214,10 +218,24 @@ def _layer_windows(tc: dict, model_type: str, layers: int) -> tuple[int | None, 
 
 
 def _derived_max_model_len(tc: dict) -> tuple[int | None, str | None]:
-    found = [(tc[k], k) for k in _LENGTH_KEYS if isinstance(tc.get(k), int) and tc[k] > 0]
-    if isinstance(tc.get("model_max_length"), int):  # Command-R: vLLM takes it over the others
-        return tc["model_max_length"], "model_max_length"
-    return min(found) if found else (None, None)
+    """vLLM's derived max_model_len (derive_max_model_len_and_key, _get_and_verify_max_len): the smallest
+    length key (Command-R's model_max_length wins), times the RoPE scaling factor except for su, longrope and
+    llama3 scaling; YaRN scales its original_max_position_embeddings."""
+    found = [(v, k) for k in _LENGTH_KEYS if isinstance(v := tc.get(k), int) and not isinstance(v, bool) and v > 0]
+    if found and isinstance(tc.get("model_max_length"), int):
+        found = [(tc["model_max_length"], "model_max_length")]
+    if not found:
+        return None, None
+    length, key = min(found)
+    rope = tc.get("rope_scaling") if isinstance(tc.get("rope_scaling"), dict) else tc.get("rope_parameters")
+    if isinstance(rope, dict) and (rope.get("rope_type") or rope.get("type")) not in ("su", "longrope", "llama3"):
+        factor = rope.get("factor") or 1.0
+        original = rope.get("original_max_position_embeddings")
+        if (rope.get("rope_type") or rope.get("type")) == "yarn" and isinstance(original, int) and original > 0:
+            length = original
+        if isinstance(factor, int | float) and factor > 0:
+            length = int(length * factor)
+    return length, key
 
 
 def model_from_config(cfg: Any) -> Model:
@@ -252,7 +270,16 @@ def model_from_config(cfg: Any) -> Model:
         derived_max_model_len=max_len,
         max_len_key=key,
         parameters=estimate_parameters(cfg),
+        kv_cache_scheme=_kv_cache_scheme(cfg),
     )
+
+
+def _kv_cache_scheme(cfg: dict) -> bool:
+    """llm-compressor and ModelOpt checkpoints may quantize the KV cache: vLLM's ``auto`` then follows them."""
+    q = cfg.get("quantization_config")
+    inner = q.get("quantization") if isinstance(q, dict) else None
+    keys = ("kv_cache_scheme", "kv_cache_quant_algo")
+    return any(isinstance(c, dict) and any(c.get(k) for k in keys) for c in (q, inner))
 
 
 def estimate_parameters(cfg: dict) -> int | None:
@@ -644,6 +671,11 @@ def _notes(model: Model, d: Deployment, cap: Capacity) -> tuple[str, ...]:
         notes.append(
             f"KV memory = GPU memory x utilization - weights ({source}): an upper bound, vLLM also "
             "subtracts the activation peak, non-torch memory and CUDA graphs it measures at start-up"
+        )
+    if model.kv_cache_scheme and d.kv_cache_dtype == "auto":
+        notes.append(
+            "config.json's quantization_config sets a KV cache scheme: vLLM's --kv-cache-dtype auto may then "
+            "be fp8; pass --kv-cache-dtype fp8 to plan for it"
         )
     if model.mla:
         notes.append("MLA backends on GPUs may force --block-size 64 (FlashMLA): pass the block size the server logs")

@@ -413,6 +413,45 @@ def test_a_cache_too_small_for_max_model_len_says_vllm_will_not_start(capsys):
     assert any("refuses to start" in n for n in doc["notes"])
 
 
+def test_a_checkpoint_that_quantizes_its_kv_cache_is_pointed_out(tmp_path, capsys):
+    cfg = {**LLAMA_31_8B, "quantization_config": {"quant_method": "compressed-tensors", "kv_cache_scheme": {"num_bits": 8}}}
+    flags = ["--model-config", _write(tmp_path, cfg), "--kv-cache-memory-bytes", str(GIB)]
+    assert any("--kv-cache-dtype fp8" in n for n in plan_json(flags, capsys)["notes"])
+    assert not any("quantization_config" in n for n in plan_json([*flags, "--kv-cache-dtype", "fp8"], capsys)["notes"])
+
+
+def test_the_readme_example_is_what_the_command_prints(capsys):
+    readme = (FIXTURES.parents[2] / "README.md").read_text().splitlines()
+    start = next(i for i, line in enumerate(readme) if line.startswith("    $ kvwatch plan "))
+    command, i = readme[start].removeprefix("    $ kvwatch plan "), start
+    while command.endswith("\\"):
+        i += 1
+        command = command[:-1] + readme[i].strip()
+    shown = []
+    for line in readme[i + 1 :]:
+        if line and not line.startswith("    "):
+            break
+        shown.append(line[4:])
+    rc, out, _ = run_plan(command.split(), capsys)
+    assert rc == 0
+    assert out.rstrip("\n").splitlines() == [x.rstrip() for x in shown[: len(out.rstrip().splitlines())]]
+    assert "".join(shown[len(out.rstrip().splitlines()) :]).strip() == ""
+
+
+@pytest.mark.parametrize(
+    ("cfg", "expected"),
+    [
+        (LLAMA_31_8B, 131072),  # llama3 RoPE scaling: max_position_embeddings as it is
+        (DEEPSEEK_V2_LITE, 4096 * 40),  # YaRN: original_max_position_embeddings x factor
+        ({**QWEN25_7B, "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}}, 131072),
+        ({**MISTRAL_7B_V03, "rope_scaling": {"rope_type": "linear", "factor": 2.0}}, 65536),
+        ({**MISTRAL_7B_V03, "max_sequence_length": 8192}, 8192),  # the smallest length key
+    ],
+)
+def test_the_default_max_model_len_is_the_one_vllm_derives(cfg, expected):
+    assert P.model_from_config(cfg).derived_max_model_len == expected
+
+
 def test_binding_limit_is_the_smallest():
     limits = {Bottleneck.KV_CACHE: 40.0, Bottleneck.MAX_NUM_SEQS: 32.0, Bottleneck.TOKEN_BUDGET: 51.2}
     assert P.binding_limit(limits) is Bottleneck.MAX_NUM_SEQS
