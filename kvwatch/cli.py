@@ -1,7 +1,9 @@
-"""Command line: ``kvwatch [run|diagnose|record|sim|demo] ...``.
+"""Command line: ``kvwatch [run|diagnose|record|sim|demo|logs|plan] ...``.
 
 Flags are parsed as strings and validated by ``kvwatch.config.Settings`` together with the
 ``KVWATCH_*`` environment, so a bad flag and a bad env var fail the same way: exit 2, one line.
+``plan`` reads no environment (its flags describe a deployment, not this process): ``kvwatch.plan``
+validates them, with the same exit 2 and one line.
 """
 
 from __future__ import annotations
@@ -20,11 +22,13 @@ from kvwatch import __version__
 from kvwatch.catalog import Bottleneck
 from kvwatch.config import ConfigError, Settings, load_settings
 from kvwatch.parse import ParseError
+from kvwatch.plan import DEFAULT_BLOCK_SIZE, Deployment, PlanError, as_dict, model_from_config, plan
+from kvwatch.plan import render_text as render_plan
 from kvwatch.recording import recording_files
 from kvwatch.redact import SecretFilter, url_secrets
 from kvwatch.state import NoVllmMetrics, Target, TargetDiagnosis
 
-SUBCOMMANDS = ("run", "diagnose", "record", "sim", "demo", "logs")
+SUBCOMMANDS = ("run", "diagnose", "record", "sim", "demo", "logs", "plan")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -51,6 +55,41 @@ def _analysis_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preemption-risk-threshold", help="KV usage at which preemption starts (default 0.95)")
     p.add_argument("--max-engines", help="(model, engine) pairs per target before folding into _overflow")
     p.add_argument("--log-level", help="debug, info, warning, error")
+
+
+def _positive(kind):
+    def parse(text: str):
+        try:
+            v = kind(text)
+        except ValueError:
+            v = None
+        if v is None or not v > 0 or v != v or v == float("inf"):
+            raise argparse.ArgumentTypeError(
+                f"must be a positive {'integer' if kind is int else 'number'}, got {text!r}"
+            )
+        return v
+
+    return parse
+
+
+def _plan_flags(p: argparse.ArgumentParser) -> None:
+    count, number = _positive(int), _positive(float)
+    p.add_argument("--model-config", type=Path, required=True, help="the model's Hugging Face config.json")
+    p.add_argument("--gpu-memory-gib", type=number, help="one GPU's memory in GiB (with --gpu-memory-utilization)")
+    p.add_argument("--gpu-memory-utilization", type=number, help="vLLM's --gpu-memory-utilization (default 0.9)")
+    p.add_argument(
+        "--weights-gib", type=number, help="the model's weights in GiB (estimated for dense Llama-style models)"
+    )
+    p.add_argument("--kv-cache-memory-bytes", type=count, help="vLLM's --kv-cache-memory-bytes (KV memory per GPU)")
+    p.add_argument("--tensor-parallel-size", type=count, default=1, help="vLLM's --tensor-parallel-size (default 1)")
+    p.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), default="auto", help="vLLM's --kv-cache-dtype")
+    p.add_argument("--block-size", type=count, default=DEFAULT_BLOCK_SIZE, help="vLLM's --block-size (default 16)")
+    p.add_argument("--prompt-tokens", type=count, help="prompt tokens per request (with --output-tokens)")
+    p.add_argument("--output-tokens", type=count, help="output tokens per request (with --prompt-tokens)")
+    p.add_argument("--max-model-len", type=count, help="vLLM's --max-model-len (default: config.json's)")
+    p.add_argument("--max-num-seqs", type=count, help="vLLM's --max-num-seqs")
+    p.add_argument("--max-num-batched-tokens", type=count, help="vLLM's --max-num-batched-tokens (the token budget)")
+    p.add_argument("--json", action="store_true", help="print JSON")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -82,6 +121,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("sim", help="the built-in vLLM simulator (kvwatch sim --help)", add_help=False)
     sub.add_parser("demo", help="simulator + sidecar + live view (kvwatch demo --help)", add_help=False)
     sub.add_parser("logs", help="diagnose from vLLM's own log (kvwatch logs --help)", add_help=False)
+    _plan_flags(
+        sub.add_parser(
+            "plan",
+            help="KV capacity and concurrency before deployment, from a config.json",
+            description="vLLM's KV-cache arithmetic for a model and GPU: KV bytes per token, cache size, "
+            "maximum concurrency, the limit that binds first, and what-ifs.",
+        )
+    )
     return parser
 
 
@@ -252,6 +299,21 @@ async def _record(args, settings: Settings) -> int:
     return 0 if saved else 1
 
 
+def _plan(args) -> int:
+    try:
+        model = model_from_config(json.loads(args.model_config.read_text(encoding="utf-8")))
+    except (OSError, ValueError, RecursionError) as e:  # PlanError, JSONDecodeError, UnicodeDecodeError: ValueErrors
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else (str(e).splitlines() or [type(e).__name__])[0]
+        raise ConfigError(f"invalid setting --model-config ({str(args.model_config)!r}): {reason}") from None
+    flags = {f: getattr(args, f) for f in Deployment.__dataclass_fields__ if f != "prefix_share"}
+    try:
+        p = plan(model, Deployment(**flags))
+    except PlanError as e:
+        raise ConfigError(str(e)) from None
+    print(json.dumps(as_dict(p), indent=1) if args.json else render_plan(p))
+    return 0
+
+
 async def _run(settings: Settings) -> int:
     from kvwatch.app import serve
 
@@ -301,6 +363,8 @@ def main(argv: list[str] | None = None) -> int:
             settings = _settings(args, target=[args.url])
             _setup_logging(settings)
             return asyncio.run(_diagnose_live(args, settings))
+        if args.command == "plan":
+            return _plan(args)
         if args.command == "record":
             if args.duration <= 0:
                 raise ConfigError("invalid setting --duration: must be > 0")
