@@ -9,6 +9,7 @@ Large bodies are parsed in a worker thread so one huge target cannot freeze the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import html
 import json
 import logging
@@ -26,6 +27,7 @@ from kvwatch.normalize import keep_family
 from kvwatch.parse import ParseError, parse
 from kvwatch.scrape import FetchConfig, Fetcher, ScrapeError
 from kvwatch.state import NoVllmMetrics, Target
+from kvwatch.webconfig import WebConfigWatcher
 
 __all__ = ["Monitor", "make_app", "serve"]
 
@@ -153,7 +155,8 @@ LANDING = """<!doctype html><html><head><title>kvwatch</title></head><body>
 MONITOR = web.AppKey("monitor", Monitor)
 
 
-def make_app(monitor: Monitor) -> web.Application:
+def make_app(monitor: Monitor, web_config: WebConfigWatcher | None = None) -> web.Application:
+    """The sidecar's routes; with ``web_config``, its basic auth (every route but the probes) and headers."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(KvwatchCollector(lambda: monitor.targets.values()))
 
@@ -163,8 +166,10 @@ def make_app(monitor: Monitor) -> web.Application:
         resp.headers["Server"] = f"kvwatch/{__version__}"
         return resp
 
-    app = web.Application(middlewares=[server_header])
+    app = web.Application(middlewares=[server_header, *([web_config.middleware] if web_config else [])])
     app[MONITOR] = monitor
+    if web_config is not None:
+        app.on_response_prepare.append(web_config.add_headers)
 
     async def landing(_):
         targets = ", ".join(html.escape(t.target) for t in monitor.targets.values())
@@ -193,15 +198,20 @@ def make_app(monitor: Monitor) -> web.Application:
 
 
 async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
-    """Run the sidecar until ``stop`` is set (or forever)."""
+    """Run the sidecar until ``stop`` is set (or forever). A bad ``--web-config-file`` raises ``ConfigError``
+    before anything listens."""
+    web_config = WebConfigWatcher(settings.web_config_file) if settings.web_config_file else None
     monitor = Monitor(settings)
-    runner = web.AppRunner(make_app(monitor), access_log=None)
+    runner = web.AppRunner(make_app(monitor, web_config), access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, settings.listen_host, settings.listen_port)
+    ssl_context = web_config.ssl_context if web_config else None
+    site = web.TCPSite(runner, settings.listen_host, settings.listen_port, ssl_context=ssl_context)
     await site.start()
     watching = ", ".join(t.target for t in monitor.targets.values())
-    log.info("kvwatch %s listening on %s, watching %s", __version__, settings.listen, watching)
-    try:
-        await (stop.wait() if stop else asyncio.Event().wait())
-    finally:
-        await runner.cleanup()
+    scheme = "https" if ssl_context else "http"
+    log.info("kvwatch %s listening on %s://%s, watching %s", __version__, scheme, settings.listen, watching)
+    async with web_config.running() if web_config else contextlib.nullcontext():
+        try:
+            await (stop.wait() if stop else asyncio.Event().wait())
+        finally:
+            await runner.cleanup()

@@ -41,6 +41,7 @@ class Settings(BaseSettings):
     stale_after: float = Field(5.0, gt=0)
     max_body_bytes: int = Field(16 * 1024 * 1024, gt=0)
     bearer_token_file: Path | None = None
+    web_config_file: Path | None = None  # the exporter-toolkit's web config: TLS and basic auth (kvwatch.webconfig)
     tls_verify: bool = True
     max_num_seqs: int | None = Field(None, gt=0)
     max_num_batched_tokens: int | None = Field(None, gt=0)
@@ -87,9 +88,9 @@ class Settings(BaseSettings):
             raise ValueError(f"{v!r} is not one of {', '.join(LOG_LEVELS)}")
         return v.lower()
 
-    @field_validator("bearer_token_file")
+    @field_validator("bearer_token_file", "web_config_file")
     @classmethod
-    def _check_token_file(cls, v: Path | None) -> Path | None:
+    def _check_readable_file(cls, v: Path | None) -> Path | None:
         if v is not None and not v.is_file():
             raise ValueError(f"{str(v)!r} is not a readable file")
         return v
