@@ -28,6 +28,8 @@ API::
     with Kvwatch(["run", "--target", url, "--interval", "1"], workdir) as kv:
         kv.url, kv.port                         # "--listen 127.0.0.1:PORT" is added for you; waits for /readyz
         kv.get("/metrics") -> str
+    Kvwatch([..., "--web-config-file", f], workdir, ca_file=ca)  # served over TLS: kv.url is https://, verified
+                                                                 # against ca (the probes need no credentials)
 
     with WebhookReceiver() as rx:               # stdlib HTTP server in a thread recording every POST
         rx.url                                  # "http://127.0.0.1:PORT"
@@ -44,6 +46,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import ssl
 import sys
 import threading
 import time
@@ -258,7 +261,8 @@ class Kvwatch(ManagedProcess):
     name = "kvwatch"
 
     def __init__(self, args: Sequence[str], workdir: Path | str, env: Mapping[str, str] | None = None,
-                 listen_flag: str = "--listen", ready_path: str = "/readyz", name: str | None = None):
+                 listen_flag: str = "--listen", ready_path: str = "/readyz", name: str | None = None,
+                 ca_file: Path | str | None = None):
         if name:
             self.name = name
         base_env = dict(os.environ)
@@ -268,6 +272,23 @@ class Kvwatch(ManagedProcess):
         self.args = list(args)
         self.listen_flag = listen_flag
         self.ready_path = ready_path
+        # With a web config that turns TLS on: https, verified against this CA.
+        self.tls = ssl.create_default_context(cafile=str(ca_file)) if ca_file else None
+        if self.tls is not None:
+            self._http.close()
+            self._http = httpx.Client(timeout=10.0, trust_env=False, verify=self.tls)
+
+    @property
+    def url(self) -> str:
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
+
+    def wait_for_url(self, url: str, timeout: float = 60.0, what: str | None = None,
+                     interval: float = 0.25) -> None:
+        if self.tls is None:
+            return super().wait_for_url(url, timeout, what, interval)
+        with httpx.Client(timeout=2.0, trust_env=False, verify=self.tls) as client:
+            self.wait_until(lambda: client.get(url).status_code == 200, timeout, what or f"{url} to answer 200",
+                            interval)
 
     def command(self, port: int) -> list[str]:
         value = str(port) if self.listen_flag == "--port" else f"127.0.0.1:{port}"
