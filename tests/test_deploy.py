@@ -11,6 +11,10 @@
   manifest gives it, serves those probe paths while vLLM is unreachable;
 - kvwatch reads the scheduler limits from the very ConfigMap keys vLLM's flags come from;
 - the NetworkPolicy admits only Prometheus to kvwatch's port; the PodMonitors select the pods that carry it;
+- the optional web-config component (rendered on top of the example, tests/fixtures/deploy/web-config) mounts
+  the web config and the certificate from Secrets where the config says, switches the probes to HTTPS and the
+  PodMonitor to HTTPS with basic auth; the real kvwatch, given that env and those files, serves the probes
+  without credentials over TLS and /metrics only with them, and refuses the shipped placeholder hash;
 - the Alertmanager Secret template passes ``amtool check-config``, routes by severity, and a real Alertmanager
   reads the receivers' keys from the mounted files.
 """
@@ -23,18 +27,22 @@ import functools
 import os
 import re
 import shutil
+import socket
+import ssl
 import subprocess
 import sys
 import textwrap
 import tomllib
 from pathlib import Path
 
+import bcrypt
 import httpx
 import jsonschema
 import pytest
 import yaml
 from kubernetes_validate.utils import latest_version
 
+from tests.helpers.certs import Ca
 from tests.helpers.ports import free_port
 from tests.helpers.prometheus import Alertmanager, Kvwatch, WebhookReceiver, find_binary
 
@@ -46,6 +54,10 @@ SIDECAR = DEPLOY / "components" / "sidecar"
 OVERLAYS = sorted(p.parent for p in (DEPLOY / "overlays").glob("*/kustomization.yaml"))
 # Everything a user may `kubectl apply -k`: the overlays, and the bases meant to be applied on their own.
 RENDERABLE = OVERLAYS + [DEPLOY / "monitoring", DEPLOY / "alertmanager"]
+WEB_CONFIG = DEPLOY / "components" / "web-config"
+# The example with the optional web-config component added (a test fixture: its hash is a placeholder).
+WITH_WEB_CONFIG = REPO / "tests" / "fixtures" / "deploy" / "web-config"
+CHECKED = RENDERABLE + [WITH_WEB_CONFIG]
 KUBERNETES_VERSIONS = ["1.29.0", latest_version()]
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 
@@ -58,7 +70,7 @@ SCHEDULER_ENV = {  # kvwatch env -> vLLM flag it mirrors
 
 
 def _id(path: Path) -> str:
-    return str(path.relative_to(DEPLOY))
+    return str(path.relative_to(DEPLOY if path.is_relative_to(DEPLOY) else REPO))
 
 
 # -- rendering ---------------------------------------------------------------------------------------------
@@ -161,7 +173,7 @@ def test_monitoring_renders_the_generated_rule_and_dashboards():
     assert dashboards == {p.name: p.read_text() for p in (REPO / "grafana" / "dashboards").glob("*.json")}
 
 
-@pytest.mark.parametrize("path", RENDERABLE, ids=_id)
+@pytest.mark.parametrize("path", CHECKED, ids=_id)
 def test_renders_with_plain_kubectl_kustomize(path):
     docs = render(path)
     assert docs, f"{path} renders nothing"
@@ -194,7 +206,7 @@ def test_example_holds_the_whole_stack():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
-@pytest.mark.parametrize("path", RENDERABLE, ids=_id)
+@pytest.mark.parametrize("path", CHECKED, ids=_id)
 def test_builtin_kinds_validate_strictly(path, version, tmp_path):
     docs = [d for d in render(path) if is_builtin(d)]
     assert docs
@@ -244,13 +256,13 @@ def validate_custom(doc: dict) -> None:
     jsonschema.Draft7Validator(schema).validate(doc)
 
 
-@pytest.mark.parametrize("path", RENDERABLE, ids=_id)
+@pytest.mark.parametrize("path", CHECKED, ids=_id)
 def test_custom_resources_validate_against_the_operator_crds(path):
     custom = [d for d in render(path) if not is_builtin(d)]
     for d in custom:
         assert d["kind"] in ("PodMonitor", "PrometheusRule"), f"no schema to check {d['kind']} against"
         validate_custom(d)
-    if path == EXAMPLE:
+    if path in (EXAMPLE, WITH_WEB_CONFIG):
         assert {d["kind"] for d in custom} >= {"PodMonitor"}
 
 
@@ -331,7 +343,7 @@ def restricted_violations(spec: dict) -> list[str]:
     return bad
 
 
-@pytest.mark.parametrize("path", OVERLAYS, ids=_id)
+@pytest.mark.parametrize("path", OVERLAYS + [WITH_WEB_CONFIG], ids=_id)
 def test_every_pod_meets_the_restricted_pod_security_standard(path):
     for name, template in pod_templates(render(path)):
         assert restricted_violations(template["spec"]) == [], name
@@ -649,6 +661,152 @@ def test_networkpolicy_admits_only_prometheus_to_kvwatchs_port():
     vllm_port = next(p["containerPort"] for p in spec["containers"][0]["ports"] if p["name"] == "http")
     assert any(vllm_port in {_resolve_port(p["port"], spec) for p in r.get("ports", [])} and not r.get("from")
                for pol in policies for r in pol["spec"].get("ingress", []))
+
+
+# -- the optional web-config component: TLS and basic auth on kvwatch's port ------------------------------
+
+PLACEHOLDER = "REPLACE-WITH-THE-BCRYPT-HASH-OF-THE-SCRAPE-PASSWORD"
+MOUNT_ROOT = "/etc/kvwatch/"
+
+
+def _web_config_template() -> dict:
+    (d,) = [d for d in render(WITH_WEB_CONFIG) if d["kind"] == "Deployment"
+            and d["metadata"]["labels"].get(LABEL) == "true"]
+    return d["spec"]["template"]
+
+
+def _secret_file(template: dict, path: str) -> tuple[str, str]:
+    """(Secret name, key) of the file ``path`` the kvwatch container sees: a read-only Secret mount of its
+    directory, without subPath (a subPath mount never receives the kubelet's updates)."""
+    directory, _, name = path.rpartition("/")
+    (mount,) = [m for m in kvwatch_container(template)["volumeMounts"] if m["mountPath"] == directory]
+    assert mount.get("readOnly") is True and "subPath" not in mount, mount
+    (volume,) = [v for v in template["spec"]["volumes"] if v["name"] == mount["name"]]
+    secret = volume["secret"]
+    items = {i["path"]: i["key"] for i in secret.get("items", [])}
+    assert not items or name in items, f"{name} is not projected from {secret['secretName']}"
+    return secret["secretName"], items.get(name, name)
+
+
+def _rendered_web_config() -> tuple[str, str]:
+    """(the path KVWATCH_WEB_CONFIG_FILE names, the text of the file there, from the rendered Secret)."""
+    template = _web_config_template()
+    path = {e["name"]: e.get("value") for e in kvwatch_container(template)["env"]}["KVWATCH_WEB_CONFIG_FILE"]
+    secret, key = _secret_file(template, path)
+    (doc,) = [d for d in render(WITH_WEB_CONFIG) if d["kind"] == "Secret" and d["metadata"]["name"] == secret]
+    return path, base64.b64decode(doc["data"][key]).decode()
+
+
+def test_web_config_component_mounts_the_secrets_where_the_config_says():
+    template = _web_config_template()
+    path, text = _rendered_web_config()
+    assert "KVWATCH_WEB_CONFIG_FILE" in settings_env_names()
+    config = yaml.safe_load(text)
+    tls = config["tls_server_config"]
+    assert _secret_file(template, tls["cert_file"]) == ("kvwatch-tls", "tls.crt")  # kubernetes.io/tls keys,
+    assert _secret_file(template, tls["key_file"]) == ("kvwatch-tls", "tls.key")  # as cert-manager writes them
+    assert list(config["basic_auth_users"].values()) == [PLACEHOLDER]
+    (secret,) = [d for d in render(WITH_WEB_CONFIG) if d["kind"] == "Secret"]
+    assert secret["metadata"]["name"] == "kvwatch-web-config", "no hash suffix: an update reaches the pod"
+    (deployment,) = [d for d in render(WITH_WEB_CONFIG) if d["kind"] == "Deployment"]
+    assert secret["metadata"].get("namespace") == deployment["metadata"]["namespace"], "a volume's Secret: same namespace"
+
+
+def test_web_config_component_changes_only_what_tls_and_auth_need():
+    """The sidecar gains the env var, two read-only mounts and HTTPS probes, nothing else; the kvwatch PodMonitor
+    gains scheme, tlsConfig and basicAuth, nothing else; the vllm PodMonitor is untouched."""
+    kv = kvwatch_container(_web_config_template())
+    plain = kvwatch_container(example_deployment()["spec"]["template"])
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert kv[probe]["httpGet"].pop("scheme") == "HTTPS", probe
+    kv["env"] = [e for e in kv["env"] if e["name"] != "KVWATCH_WEB_CONFIG_FILE"]
+    kv["volumeMounts"] = [m for m in kv["volumeMounts"] if not m["mountPath"].startswith(MOUNT_ROOT)]
+    assert kv == plain
+    spec = _web_config_template()["spec"]
+    assert {v["name"] for v in spec["volumes"]} - {v["name"] for v in example_deployment()["spec"]["template"][
+        "spec"]["volumes"]} == {"kvwatch-web-config", "kvwatch-tls"}
+
+    monitors = {d["metadata"]["name"]: d for d in render(WITH_WEB_CONFIG) if d["kind"] == "PodMonitor"}
+    plain_monitors = {d["metadata"]["name"]: d for d in render(EXAMPLE) if d["kind"] == "PodMonitor"}
+    assert monitors["vllm"] == plain_monitors["vllm"]
+    (ep,) = monitors["kvwatch"]["spec"]["podMetricsEndpoints"]
+    assert ep.pop("scheme") == "https"
+    assert ep.pop("tlsConfig") == {"ca": {"secret": {"name": "kvwatch-tls", "key": "ca.crt"}}, "serverName": "kvwatch"}
+    assert ep.pop("basicAuth") == {"username": {"name": "kvwatch-scrape-auth", "key": "username"},
+                                   "password": {"name": "kvwatch-scrape-auth", "key": "password"}}
+    assert monitors["kvwatch"] == plain_monitors["kvwatch"]
+
+
+def _lay_out_secrets(root: Path, text: str, leaf, hashed: str | None) -> Path:
+    """The rendered web config and a test certificate as the kubelet would mount them, under ``root`` instead of
+    /etc/kvwatch; the placeholder replaced by ``hashed`` (if given). Returns the web config's path."""
+    path, _ = _rendered_web_config()
+    local = root / path.removeprefix(MOUNT_ROOT)
+    local.parent.mkdir(parents=True, exist_ok=True)
+    text = text.replace(MOUNT_ROOT, f"{root}/")
+    local.write_text(text.replace(PLACEHOLDER, hashed) if hashed else text)
+    (root / "tls").mkdir(exist_ok=True)
+    (root / "tls" / "tls.crt").write_bytes(leaf.cert.read_bytes())
+    (root / "tls" / "tls.key").write_bytes(leaf.key.read_bytes())
+    return local
+
+
+def test_kvwatch_refuses_the_shipped_placeholder_hash(tmp_path):
+    """No default password: with the component's web-config.yml as shipped, kvwatch does not start."""
+    from kvwatch.webconfig import WebConfigError, load
+
+    leaf = Ca(tmp_path / "ca").issue(tmp_path / "leaf", dns=("kvwatch",))
+    _, text = _rendered_web_config()
+    with pytest.raises(WebConfigError, match=r"basic_auth_users\.prometheus: not a bcrypt hash"):
+        load(_lay_out_secrets(tmp_path / "etc", text, leaf, hashed=None))
+    hashed = bcrypt.hashpw(b"pw", bcrypt.gensalt(4)).decode()
+    loaded = load(_lay_out_secrets(tmp_path / "etc", text, leaf, hashed))
+    assert loaded.tls is not None and set(loaded.users) == {"prometheus"}
+
+
+@pytest.mark.slow
+def test_kvwatch_with_the_web_config_component_serves_probes_openly_and_metrics_with_the_password(tmp_path):
+    """The real kvwatch with the rendered sidecar's env and the Secrets' files: the probes answer over HTTPS without
+    credentials, /metrics only with the password, and the certificate verifies for the PodMonitor's serverName."""
+    docs = render(WITH_WEB_CONFIG)
+    configmaps = {d["metadata"]["name"]: d.get("data", {}) for d in docs if d["kind"] == "ConfigMap"}
+    template = _web_config_template()
+    kv = kvwatch_container(template)
+    ca = Ca(tmp_path / "ca")
+    leaf = ca.issue(tmp_path / "leaf", dns=("kvwatch",))
+    password = "scrape-password-2718"
+    _, text = _rendered_web_config()
+    local = _lay_out_secrets(tmp_path / "etc", text, leaf, bcrypt.hashpw(password.encode(), bcrypt.gensalt(10)).decode())
+    env = {}
+    for e in kv["env"]:
+        if "value" in e:
+            env[e["name"]] = e["value"]
+        else:
+            ref = e["valueFrom"]["configMapKeyRef"]
+            env[e["name"]] = configmaps[ref["name"]][ref["key"]]
+    env["KVWATCH_WEB_CONFIG_FILE"] = str(local)
+    env["KVWATCH_TARGET"] = f"http://127.0.0.1:{free_port()}/metrics"  # vLLM still loading
+    (pm,) = [d for d in docs if d["kind"] == "PodMonitor" and d["metadata"]["name"] == "kvwatch"]
+    (ep,) = pm["spec"]["podMetricsEndpoints"]
+    with Kvwatch(kv["args"], tmp_path, env=env, ready_path=kv["readinessProbe"]["httpGet"]["path"],
+                 ca_file=ca.cert) as proc:
+        assert proc.url.startswith(ep["scheme"] + "://")
+        for probe in ("livenessProbe", "readinessProbe"):
+            get = kv[probe]["httpGet"]
+            assert get["scheme"] == "HTTPS"
+            # the kubelet does not verify a probe's certificate
+            r = httpx.get(proc.url + get["path"], timeout=10, trust_env=False, verify=False)
+            assert r.status_code == 200, probe
+        metrics = proc.url + ep["path"]
+        denied = proc._http.get(metrics)
+        assert denied.status_code == 401 and denied.headers["WWW-Authenticate"] == "Basic"
+        assert denied.headers["X-Content-Type-Options"] == "nosniff"
+        user = next(iter(yaml.safe_load(local.read_text())["basic_auth_users"]))
+        assert proc._http.get(metrics, auth=(user, password)).status_code == 200
+        ctx = ssl.create_default_context(cafile=str(ca.cert))
+        with socket.create_connection(("127.0.0.1", proc.port), timeout=10) as raw:
+            with ctx.wrap_socket(raw, server_hostname=ep["tlsConfig"]["serverName"]) as tls:
+                assert tls.getpeercert()["subjectAltName"]
 
 
 # -- Alertmanager ------------------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
     ca = Ca(tmp_path / "ca")                          # ca.cert, ca.key: a self-signed CA (EC P-256)
     leaf = ca.issue(tmp_path / "srv", serial=2)       # leaf.cert, leaf.key; SAN IP:127.0.0.1, serverAuth
+    ca.issue(tmp_path / "k8s", dns=("kvwatch",))      # SAN IP:127.0.0.1 and DNS:kvwatch
     client = ca.issue(tmp_path / "cli", client=True)  # clientAuth
     serial_of(pem_bytes)                              # the serial number, as int
 
@@ -50,14 +51,15 @@ class Ca:
              cwd=self.dir)
 
     def issue(self, directory: Path | str, cn: str = "kvwatch", serial: int = 1, client: bool = False,
-              ip: str = "127.0.0.1") -> Leaf:
-        """A key and a certificate signed by this CA, for ``ip`` (server) or a client, with ``serial``."""
+              ip: str = "127.0.0.1", dns: tuple[str, ...] = ()) -> Leaf:
+        """A key and a certificate signed by this CA, for ``ip`` and the names ``dns`` (server) or a client,
+        with ``serial``."""
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
         key, csr, cert, ext = d / "tls.key", d / "tls.csr", d / "tls.crt", d / "ext.cnf"
         usage = "clientAuth" if client else "serverAuth"
         ext.write_text(f"basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\n"
-                       f"extendedKeyUsage={usage}\nsubjectAltName=IP:{ip}\n")
+                       f"extendedKeyUsage={usage}\nsubjectAltName={','.join([f'IP:{ip}', *(f'DNS:{d}' for d in dns)])}\n")
         run_openssl("req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
              "-keyout", str(key), "-out", str(csr), "-subj", f"/CN={cn}", cwd=d)
         run_openssl("x509", "-req", "-in", str(csr), "-CA", str(self.cert), "-CAkey", str(self.key),
