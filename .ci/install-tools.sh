@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install the real monitoring binaries the alert tests run: prometheus, promtool (Debian package
-# `prometheus`) and alertmanager, amtool (`prometheus-alertmanager`).
+# `prometheus`) and alertmanager, amtool (`prometheus-alertmanager`); and the openssl command line, which
+# makes the TLS tests' certificates (tests/helpers/certs.py; present on most systems already).
 #
 # Idempotent and non-interactive: a no-op (well under a second) when all four are already on PATH;
 # otherwise `apt-get update` (only when the package lists are missing or older than a day) and
@@ -21,14 +22,14 @@ have() {
         command -v "$1" >/dev/null 2>&1
     fi
 }
-need=(prometheus promtool alertmanager amtool)
+need=(prometheus promtool alertmanager amtool openssl)
 missing=()
 for b in "${need[@]}"; do have "$b" || missing+=("$b"); done
 if [ "${#missing[@]}" -eq 0 ]; then
-    echo "install-tools: prometheus, promtool, alertmanager, amtool already installed"
+    echo "install-tools: prometheus, promtool, alertmanager, amtool, openssl already installed"
     exit 0
 fi
-echo "install-tools: missing ${missing[*]}; installing prometheus prometheus-alertmanager"
+echo "install-tools: missing ${missing[*]}; installing prometheus prometheus-alertmanager openssl"
 
 if [ "$(id -u)" -ne 0 ]; then
     echo "install-tools: must run as root (apt-get install)" >&2
@@ -59,7 +60,7 @@ fi
 apt_install() {
     apt-get install -y -qq --no-install-recommends -o DPkg::Lock::Timeout=600 \
         -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold \
-        prometheus prometheus-alertmanager
+        prometheus prometheus-alertmanager openssl
 }
 if ! apt_install; then
     # Stale lists (a package moved): refresh once and retry.

@@ -414,3 +414,16 @@ async def test_the_poll_reloads_a_changed_file(pki, tmp_path):
             while watcher.reloads == 0:
                 await asyncio.sleep(0.05)
         assert await asyncio.to_thread(peer_serial, port, client_context(pki)) == 2
+
+
+def test_the_readmes_example_file_loads_as_documented(pki, tmp_path):
+    """The README's web-config.yml, with certificates where it names them, is what it says it is."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    start = readme.index("```yaml\n# web-config.yml\n") + len("```yaml\n")
+    text = readme[start:readme.index("```", start)]
+    (tmp_path / "server.crt").write_bytes(pki["server"].cert.read_bytes())
+    (tmp_path / "server.key").write_bytes(pki["server"].key.read_bytes())
+    cfg = load(write(tmp_path, text))
+    assert cfg.tls is not None and cfg.tls.min_version == ssl.TLSVersion.TLSv1_2
+    assert list(cfg.users) == ["prometheus"] and dict(cfg.headers) == {
+        "X-Content-Type-Options": "nosniff", "X-Frame-Options": "deny"}
