@@ -14,7 +14,8 @@ stops kvwatch at start (exit 2, one line) instead of failing the first handshake
   slow on purpose and must not stall the scrape loops); an unknown user is checked against a decoy hash of the
   same cost, and the user name is compared with ``hmac.compare_digest``, so timing does not tell which users
   exist. Successful checks are cached (keyed by an HMAC of user, hash and password under a per-process key,
-  never the password itself), as the toolkit caches them, so a scraping Prometheus costs one bcrypt per reload.
+  never the password itself), as the toolkit caches them, so a scraping Prometheus costs one bcrypt check per
+  password; beyond ``MAX_PENDING`` checks waiting, a request that needs one gets 429 at once.
 - ``http_server_config.headers``: only the headers the toolkit allows, with its allowed values.
 
 What the toolkit's format has and kvwatch cannot do the same way is refused with a line saying so, never
@@ -56,7 +57,16 @@ from aiohttp import web
 
 from kvwatch.config import ConfigError
 
-__all__ = ["POLL_SECONDS", "BasicAuth", "TlsConfig", "WebConfig", "WebConfigError", "WebConfigWatcher", "load"]
+__all__ = [
+    "MAX_PENDING",
+    "POLL_SECONDS",
+    "BasicAuth",
+    "TlsConfig",
+    "WebConfig",
+    "WebConfigError",
+    "WebConfigWatcher",
+    "load",
+]
 
 log = logging.getLogger("kvwatch")
 
@@ -64,6 +74,9 @@ POLL_SECONDS = 3.0  # how often the files' stat is compared (Kubernetes takes ~1
 SETTING = "--web-config-file (env KVWATCH_WEB_CONFIG_FILE)"
 UNAUTHENTICATED = frozenset({"/healthz", "/readyz"})  # kubelet probes send no credentials
 CACHE_SIZE = 100  # the toolkit's
+# bcrypt checks waiting for the one worker: beyond this a request gets 429 at once, so a flood of wrong passwords
+# holds a bounded queue (a few seconds of bcrypt) and a client whose password is cached never waits behind it.
+MAX_PENDING = 32
 
 TLS_VERSIONS = {
     "TLS10": ssl.TLSVersion.TLSv1,
@@ -128,6 +141,10 @@ class WebConfigError(ConfigError):
     def __init__(self, path: Path, where: str, problem: str):
         self.detail = f"{path}: {where + ': ' if where else ''}{problem}"
         super().__init__(f"invalid setting {SETTING}: {self.detail}")
+
+
+class _Busy(Exception):
+    """Too many bcrypt checks pending."""
 
 
 class _Problem(Exception):
@@ -412,12 +429,14 @@ def _stat(paths: tuple[Path, ...]) -> tuple:
 class BasicAuth:
     """The ``basic_auth_users`` check (see the module doc for why each step)."""
 
-    def __init__(self, users: Mapping[str, bytes]):
+    def __init__(self, users: Mapping[str, bytes], previous: BasicAuth | None = None):
         self._users = [(hashlib.sha256(u.encode()).digest(), h) for u, h in users.items()]
         cost = max((int(h[4:6]) for _, h in self._users), default=10)
         self._decoy = b"$2b$%02d$" % cost + DECOY_TAIL
-        self._key = os.urandom(32)
-        self._ok: OrderedDict[bytes, None] = OrderedDict()
+        # Kept across reloads: an entry names user, hash and password, so it only ever matches while the file
+        # still gives that user that hash (a changed hash or a removed user never hits an old entry).
+        self._key: bytes = previous._key if previous else os.urandom(32)
+        self._ok: OrderedDict[bytes, None] = previous._ok if previous else OrderedDict()
 
     def __bool__(self) -> bool:
         return bool(self._users)
@@ -492,6 +511,7 @@ class WebConfigWatcher:
         self.auth = BasicAuth(self.current.users)
         self._bcrypt = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvwatch-bcrypt")  # one at a time
         self._lock = asyncio.Lock()
+        self.pending = 0  # bcrypt checks queued or running
         self.reloads = 0  # successful reloads (tests wait on it)
         self.ssl_context: ssl.SSLContext | None = None
         if self.current.context is not None:
@@ -521,7 +541,7 @@ class WebConfigWatcher:
                 return False
             if new.tls is not None and self.ssl_context is not None:
                 new.tls.apply(self.ssl_context)
-            self.current, self.auth = new, BasicAuth(new.users)
+            self.current, self.auth = new, BasicAuth(new.users, previous=self.auth)
             self._signature = _stat(new.files())
             self.reloads += 1
             log.info("web config %s reloaded (%s): %s", self.path, why, new.summary())
@@ -537,14 +557,24 @@ class WebConfigWatcher:
                 await self.reload("file changed")
 
     async def _run(self, f: Callable[..., bool], *args: Any) -> bool:
-        return await asyncio.get_running_loop().run_in_executor(self._bcrypt, f, *args)
+        if self.pending >= MAX_PENDING:
+            raise _Busy
+        self.pending += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._bcrypt, f, *args)
+        finally:
+            self.pending -= 1
 
     @web.middleware
     async def middleware(self, request: web.Request, handler):
         auth = self.auth
         if auth and _route_path(request) not in UNAUTHENTICATED:
-            if not await auth.check(request.headers.get("Authorization"), self._run):
-                # Returned, not raised: the outer middlewares (the Server header) still see it.
+            # Responses are returned, not raised: the outer middlewares (the Server header) still see them.
+            try:
+                ok = await auth.check(request.headers.get("Authorization"), self._run)
+            except _Busy:
+                return web.Response(status=429, text="Too Many Requests\n", headers={"Retry-After": "1"})
+            if not ok:
                 return web.Response(status=401, text="Unauthorized\n", headers={"WWW-Authenticate": "Basic"})
         return await handler(request)
 

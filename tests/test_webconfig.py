@@ -23,7 +23,7 @@ from aiohttp import web
 
 from kvwatch.app import Monitor, make_app
 from kvwatch.config import ConfigError, load_settings
-from kvwatch.webconfig import CACHE_SIZE, SETTING, BasicAuth, WebConfigError, WebConfigWatcher, load
+from kvwatch.webconfig import CACHE_SIZE, MAX_PENDING, POLL_SECONDS, SETTING, BasicAuth, WebConfigError, WebConfigWatcher, load
 from tests.helpers.certs import Ca, run_openssl
 from tests.helpers.ports import free_port
 
@@ -427,3 +427,50 @@ def test_the_readmes_example_file_loads_as_documented(pki, tmp_path):
     assert cfg.tls is not None and cfg.tls.min_version == ssl.TLSVersion.TLSv1_2
     assert list(cfg.users) == ["prometheus"] and dict(cfg.headers) == {
         "X-Content-Type-Options": "nosniff", "X-Frame-Options": "deny"}
+    # and its figures are the code's
+    assert f"At most {MAX_PENDING} checks wait" in readme and f"(at most\n  {CACHE_SIZE}," in readme
+    assert f"it names every {POLL_SECONDS:g} s" in readme
+
+
+async def test_the_cache_survives_a_reload_but_never_a_changed_hash_or_a_removed_user(pki):
+    users = {"prometheus": pki["hash"].encode()}
+    first, run = BasicAuth(users), Bcrypt()
+    assert await first.check(basic("prometheus", PASSWORD), run) and len(run.calls) == 1
+    same = BasicAuth(dict(users), previous=first)
+    assert await same.check(basic("prometheus", PASSWORD), run) and len(run.calls) == 1, "no bcrypt after a reload"
+    changed = BasicAuth({"prometheus": bcrypt.hashpw(b"new", bcrypt.gensalt(4))}, previous=same)
+    assert not await changed.check(basic("prometheus", PASSWORD), run) and len(run.calls) == 2
+    removed = BasicAuth({"other": pki["hash"].encode()}, previous=same)
+    assert not await removed.check(basic("prometheus", PASSWORD), run) and len(run.calls) == 3
+
+
+async def test_a_flood_of_wrong_passwords_is_bounded_and_a_cached_client_never_waits(pki, tmp_path, monkeypatch):
+    """While bcrypt is busy, at most MAX_PENDING checks wait; the others get 429 at once, and a client whose
+    password is cached is served meanwhile."""
+    import threading
+
+    from kvwatch import webconfig
+
+    watcher = WebConfigWatcher(tls_config(pki, tmp_path))
+    async with serving(watcher) as port:
+        url = f"https://127.0.0.1:{port}/metrics"
+        good = ("prometheus", PASSWORD.decode())
+        async with httpx.AsyncClient(verify=client_context(pki), trust_env=False, timeout=60,
+                                     limits=httpx.Limits(max_connections=None)) as c:
+            assert (await c.get(url, auth=good)).status_code == 200  # now cached
+            release = threading.Event()
+            real = webconfig._checkpw
+            monkeypatch.setattr(webconfig, "_checkpw", lambda pw, h: release.wait(60) and real(pw, h))
+            flood = [asyncio.create_task(c.get(url, auth=("prometheus", f"guess{i}")))
+                     for i in range(webconfig.MAX_PENDING + 8)]
+            async with asyncio.timeout(60):
+                while watcher.pending < webconfig.MAX_PENDING or sum(t.done() for t in flood) < 8:
+                    await asyncio.sleep(0.02)
+            assert watcher.pending == webconfig.MAX_PENDING
+            refused = [t.result() for t in flood if t.done()]
+            assert [r.status_code for r in refused] == [429] * 8 and refused[0].headers["Retry-After"] == "1"
+            assert (await c.get(url, auth=good)).status_code == 200, "cached: not behind the queue"
+            release.set()
+            answered = await asyncio.gather(*flood)
+            assert sorted(r.status_code for r in answered) == [401] * webconfig.MAX_PENDING + [429] * 8
+            assert watcher.pending == 0
