@@ -28,7 +28,7 @@ serves HTTP/1.1 (aiohttp).
 The file (and the certificate, key and CA files it names) is re-read when it changes (polled every
 ``POLL_SECONDS``) and on SIGHUP: new connections get the new certificate through an SNI callback that hands
 each handshake the newest context, so a rotated certificate needs no restart. A bad file at reload keeps the
-previous configuration and logs one error line.
+previous configuration and logs one error line; the poll retries it (quietly) until it loads.
 """
 
 from __future__ import annotations
@@ -512,6 +512,7 @@ class WebConfigWatcher:
         self._bcrypt = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvwatch-bcrypt")  # one at a time
         self._lock = asyncio.Lock()
         self.pending = 0  # bcrypt checks queued or running
+        self.failed: str | None = None  # the last reload's problem, until one succeeds
         self.reloads = 0  # successful reloads (tests wait on it)
         self.ssl_context: ssl.SSLContext | None = None
         if self.current.context is not None:
@@ -524,28 +525,31 @@ class WebConfigWatcher:
             sslobj.context = self.current.context
 
     async def reload(self, why: str = "SIGHUP") -> bool:
-        """Re-read the file; on any problem keep the current configuration and log one error line."""
+        """Re-read the file; on any problem keep the current configuration and log one error line (once per
+        problem: the poll retries a failed file, which may name files that do not exist yet, without repeating it;
+        a SIGHUP always says)."""
         async with self._lock:
-            attempted = _stat(self.current.files())
+            self._signature = _stat(self.current.files())
             try:
                 new = await asyncio.to_thread(load, self.path)
                 if (new.tls is None) != (self.current.tls is None):
                     raise WebConfigError(self.path, "tls_server_config", "turning TLS on or off needs a restart")
             except WebConfigError as e:
-                self._signature = attempted  # not again until something changes
-                log.error("web config not reloaded (%s), keeping the previous one: %s", why, e.detail)
-                return False
+                problem = e.detail
             except Exception as e:  # noqa: BLE001 - a reload must never take kvwatch down
-                self._signature = attempted
-                log.error("web config not reloaded (%s), keeping the previous one: %r", why, e)
-                return False
-            if new.tls is not None and self.ssl_context is not None:
-                new.tls.apply(self.ssl_context)
-            self.current, self.auth = new, BasicAuth(new.users, previous=self.auth)
-            self._signature = _stat(new.files())
-            self.reloads += 1
-            log.info("web config %s reloaded (%s): %s", self.path, why, new.summary())
-            return True
+                problem = repr(e)
+            else:
+                if new.tls is not None and self.ssl_context is not None:
+                    new.tls.apply(self.ssl_context)
+                self.current, self.auth = new, BasicAuth(new.users, previous=self.auth)
+                self._signature, self.failed = _stat(new.files()), None
+                self.reloads += 1
+                log.info("web config %s reloaded (%s): %s", self.path, why, new.summary())
+                return True
+            if why == "SIGHUP" or problem != self.failed:
+                log.error("web config not reloaded (%s), keeping the previous one: %s", why, problem)
+            self.failed = problem
+            return False
 
     def changed(self) -> bool:
         return _stat(self.current.files()) != self._signature
@@ -555,6 +559,8 @@ class WebConfigWatcher:
             await asyncio.sleep(self.poll_seconds)
             if self.changed():
                 await self.reload("file changed")
+            elif self.failed is not None:
+                await self.reload("retry")
 
     async def _run(self, f: Callable[..., bool], *args: Any) -> bool:
         if self.pending >= MAX_PENDING:

@@ -399,7 +399,9 @@ async def test_reload_swaps_certificate_and_users_and_a_bad_file_keeps_the_old_o
             assert "tls_server_config.min_version" in errors[0].getMessage()
             assert "turning TLS on or off needs a restart" in errors[1].getMessage()
             assert "tls_server_config.key_file" in errors[2].getMessage()
-            assert not watcher.changed(), "a failed file is not retried until it changes again"
+            assert watcher.failed is not None
+            assert not await watcher.reload("retry") and len(caplog.records) == len(errors), "said once"
+            assert not await watcher.reload("SIGHUP") and len(caplog.records) == len(errors) + 1, "SIGHUP says"
             assert await asyncio.to_thread(peer_serial, port, ctx) == 2
             assert (await c.get(url, auth=("prometheus", "rotated"))).status_code == 200
 
@@ -474,3 +476,24 @@ async def test_a_flood_of_wrong_passwords_is_bounded_and_a_cached_client_never_w
             answered = await asyncio.gather(*flood)
             assert sorted(r.status_code for r in answered) == [401] * webconfig.MAX_PENDING + [429] * 8
             assert watcher.pending == 0
+
+
+async def test_the_poll_retries_a_file_that_names_a_certificate_not_written_yet(pki, tmp_path, caplog):
+    """cert-manager or an operator may update the web config before the files it names exist: the poll retries
+    until they do, and says so once."""
+    path = tls_config(pki, tmp_path)
+    watcher = WebConfigWatcher(path, poll_seconds=0.05)
+    async with serving(watcher) as port:
+        path.write_text(path.read_text().replace("tls.crt", "next.crt").replace("tls.key", "next.key"))
+        async with asyncio.timeout(60):
+            while watcher.failed is None:
+                await asyncio.sleep(0.05)
+        assert "next.crt" in watcher.failed
+        (tmp_path / "next.crt").write_bytes(pki["server2"].cert.read_bytes())
+        (tmp_path / "next.key").write_bytes(pki["server2"].key.read_bytes())
+        async with asyncio.timeout(60):
+            while watcher.reloads == 0:
+                await asyncio.sleep(0.05)
+        assert await asyncio.to_thread(peer_serial, port, client_context(pki)) == 2
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len({r.getMessage() for r in errors}) == len(errors), "each problem said once, not at every poll"
