@@ -122,6 +122,7 @@ class Monitor:
                 log.info("scraping %s", state.target)
         state.scrape_duration_seconds = time.perf_counter() - started
         state.diagnosis = state.diagnose(self.clock())
+        state.history.record(state.diagnosis)
         self.scrapes += 1
 
     def diagnosis_json(self) -> dict:

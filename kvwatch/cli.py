@@ -61,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="the sidecar (default)", description="Scrape vLLM and serve kvwatch's metrics.")
     run.add_argument("--target", action="append", help="vLLM /metrics URL (repeatable)")
     run.add_argument("--listen", help="HOST:PORT to serve on (default 0.0.0.0:9847)")
+    run.add_argument("--history", help="seconds of history the status page at / charts (default 900)")
     _scrape_flags(run)
     _analysis_flags(run)
 
