@@ -78,11 +78,20 @@ class Ring:
         self.size = min(self.size + 1, self.capacity)
 
     def since(self, t0: float) -> dict[str, list]:
-        """The rows with t >= t0, oldest first, as columns (unknown values as None)."""
+        """The rows with t >= t0, oldest first, as columns (unknown values as None).
+
+        Rows are in time order (one per scrape), so the first is found by bisection: the page polls for the
+        last few seconds every second, and that must not cost a pass over every row of every target."""
         start = (self.next - self.size) % self.capacity
-        idx = [(start + k) % self.capacity for k in range(self.size)]
         t = self.cols[0]
-        idx = [i for i in idx if t[i] >= t0]
+        lo, hi = 0, self.size  # logical positions, oldest = 0
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if t[(start + mid) % self.capacity] < t0:
+                lo = mid + 1
+            else:
+                hi = mid
+        idx = [(start + k) % self.capacity for k in range(lo, self.size)]
         return {name: [_json(col[i]) for i in idx] for name, col in zip(self.fields, self.cols, strict=True)}
 
 

@@ -119,10 +119,15 @@ class _Asset:
         return web.Response(body=self.body, content_type=self.content_type, charset="utf-8", headers=h)
 
 
-def history_json(monitor: Monitor, seconds: float) -> dict:
+def history_json(monitor: Monitor, seconds: float, label: str | None = None) -> dict | None:
+    """The history of every target, or of the one labelled ``label`` (None if there is none)."""
     s = monitor.settings
     now = monitor.clock()
     targets = [monitor.targets[url] for url in s.target]
+    if label is not None:
+        targets = [t for t in targets if t.target == label]
+        if not targets:
+            return None
     return {
         "now": round(now, 3),
         "seconds": seconds,
@@ -155,8 +160,12 @@ def add_page_routes(app: web.Application, monitor: Monitor) -> None:
             seconds = parse_seconds(request.query.get("seconds"), monitor.settings.history)
         except ValueError as e:
             return web.json_response({"error": str(e), "parameter": "seconds"}, status=400)
-        body = json.dumps(history_json(monitor, seconds), separators=(",", ":"))
-        return web.Response(text=body, content_type="application/json")
+        label = request.query.get("target")
+        doc = history_json(monitor, seconds, label)
+        if doc is None:
+            error = "target must be the label of a watched target, as /api/v1/diagnosis names it"
+            return web.json_response({"error": error, "parameter": "target"}, status=404)
+        return web.Response(text=json.dumps(doc, separators=(",", ":")), content_type="application/json")
 
     app.router.add_get("/", index)
     app.router.add_get("/static/{name}", static)

@@ -172,3 +172,22 @@ async def test_history_endpoint_bad_seconds_is_400_with_a_json_error(client, que
     doc = await r.json()
     assert doc["parameter"] == "seconds" and doc["error"].startswith("seconds must be") and len(doc["error"]) < 200
     assert (await client.get("/api/v1/history")).status == 200  # and kvwatch carries on
+
+
+async def test_history_endpoint_target_selects_one_target(client):
+    doc = await (await client.get("/api/v1/history", params={"target": "http://<secret>@127.0.0.1:2/metrics"})).json()
+    assert [t["target"] for t in doc["targets"]] == ["http://<secret>@127.0.0.1:2/metrics"]
+    doc = await (await client.get("/api/v1/history", params={"target": "http://127.0.0.1:1/metrics", "seconds": "3"})).json()
+    assert [t["target"] for t in doc["targets"]] == ["http://127.0.0.1:1/metrics"] and doc["seconds"] == 3
+    for label in ("http://u:pw@127.0.0.1:2/metrics", "nope", ""):  # only the redacted label names a target
+        r = await client.get("/api/v1/history", params={"target": label})
+        assert r.status == 404 and (await r.json())["parameter"] == "target"
+
+
+def test_ring_since_finds_the_first_row_at_or_after_t0_across_the_wrap():
+    ring = Ring(("t",), capacity=7)
+    for i in range(10):  # wraps: rows 3..9 kept, the oldest in the middle of the arrays
+        ring.append((float(i),))
+    for t0, first in [(-1, 3), (3, 3), (3.5, 4), (6, 6), (9, 9)]:
+        assert ring.since(t0)["t"] == [float(x) for x in range(first, 10)], t0
+    assert ring.since(9.5)["t"] == [] and Ring(("t",), 3).since(0)["t"] == []

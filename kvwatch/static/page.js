@@ -26,8 +26,10 @@
     fetchError: null, // why the last poll of kvwatch failed (null: it answered)
     failingSince: null, // Date.now() of the first failed poll in a row
     lastGood: new Map(), // target -> {timestamp, engines} of its last diagnosis while vLLM answered
-    hist: new Map(), // target -> {series, engines: Map(key -> {model_name, engine, series})}
-    histNow: null, // the server's clock in the last history answer...
+    // target -> {series, engines: Map(key -> {model_name, engine, series}), now: the server's clock in its last
+    // history answer, at: performance.now() then}. Only the target on screen is fetched.
+    hist: new Map(),
+    histNow: null, // the server's clock in the last history answer (any target)...
     histAt: 0, // ...and performance.now() when it came
   };
 
@@ -104,10 +106,11 @@
     return r.json();
   }
 
-  function historySeconds() {
-    // The first poll asks for everything kept; the next ones for what is new, with a margin.
-    if (state.histNow === null) return SPAN;
-    const elapsed = (performance.now() - state.histAt) / 1000;
+  function historySeconds(target) {
+    // The first poll of a target asks for everything kept; the next ones for what is new, with a margin.
+    const rec = state.hist.get(target);
+    if (!rec) return SPAN;
+    const elapsed = (performance.now() - rec.at) / 1000;
     return Math.min(SPAN, Math.ceil(elapsed + 2 * CFG.interval + 2));
   }
 
@@ -130,27 +133,27 @@
   }
 
   function onHistory(doc) {
+    const from = doc.now - SPAN;
     for (const t of doc.targets) {
       let rec = state.hist.get(t.target);
       if (!rec) state.hist.set(t.target, (rec = { series: emptyColumns(doc.target_fields), engines: new Map() }));
+      rec.now = doc.now;
+      rec.at = performance.now();
       appendColumns(rec.series, t.series);
+      trimColumns(rec.series, from);
       for (const e of t.engines) {
         const key = engineKey(e);
         let er = rec.engines.get(key);
         if (!er) rec.engines.set(key, (er = { model_name: e.model_name, engine: e.engine, series: emptyColumns(doc.engine_fields) }));
         appendColumns(er.series, e.series);
       }
-    }
-    state.histNow = doc.now;
-    state.histAt = performance.now();
-    const from = doc.now - SPAN;
-    for (const rec of state.hist.values()) {
-      trimColumns(rec.series, from);
       for (const [key, er] of rec.engines) {
         trimColumns(er.series, from);
         if (!er.series.t.length) rec.engines.delete(key);
       }
     }
+    state.histNow = doc.now;
+    state.histAt = performance.now();
   }
 
   function onDiagnosis(doc) {
@@ -166,19 +169,32 @@
     }
   }
 
+  let timer = null;
+  let inFlight = false;
+  let again = false;
+
   async function poll() {
+    if (inFlight) {
+      again = true; // e.g. another target chosen mid-poll: poll once more right after
+      return;
+    }
+    inFlight = true;
+    clearTimeout(timer);
     try {
-      const [diag, hist] = await Promise.all([getJSON("api/v1/diagnosis"), getJSON("api/v1/history?seconds=" + historySeconds())]);
-      onHistory(hist);
-      onDiagnosis(diag);
+      onDiagnosis(await getJSON("api/v1/diagnosis"));
+      // The history of the target on screen only: with hundreds of targets, all of it would be megabytes.
+      const target = selectedTarget(sortedDocs()).target;
+      onHistory(await getJSON("api/v1/history?target=" + encodeURIComponent(target) + "&seconds=" + historySeconds(target)));
       state.fetchError = null;
       state.failingSince = null;
     } catch (err) {
       state.fetchError = String((err && err.message) || err);
       if (state.failingSince === null) state.failingSince = Date.now();
     }
+    inFlight = false;
     render();
-    setTimeout(poll, POLL_MS);
+    timer = setTimeout(poll, again ? 0 : POLL_MS);
+    again = false;
   }
 
   const engineKey = (e) => e.model_name + "\u0000" + e.engine;
@@ -203,7 +219,8 @@
     }
     const quiet = staleFor();
     if (quiet) {
-      return { kind: "stale", title: "Stale: the diagnosis has not changed for " + span(quiet),
+      const since = new Date(Date.now() - quiet * 1000).toLocaleTimeString("en-GB", { hour12: false });
+      return { kind: "stale", title: "Stale: the diagnosis has not changed since " + since,
         lines: ["kvwatch answers, but its scrape loop has produced nothing new: the figures below are old."] };
     }
     const down = (state.docs || []).filter((d) => d.up === false);
@@ -211,7 +228,8 @@
     const n = state.docs.length;
     const lines = down.slice(0, 5).map((d) => {
       const good = state.lastGood.get(d.target);
-      const seen = good ? " Showing its last diagnosis, from " + clock(good.timestamp) + " (" + ago(good.timestamp) + ")." : "";
+      // Clock times only: a banner that said "5 s ago" would change, and be read out again, every second.
+      const seen = good ? " Showing its last diagnosis, from " + clock(good.timestamp) + "." : "";
       return d.target + ": " + (d.error || "no successful scrape yet") + "." + seen;
     });
     if (down.length > 5) lines.push("… and " + (down.length - 5) + " more.");
@@ -225,11 +243,15 @@
     if (!info) {
       el.hidden = true;
       el.removeAttribute("data-kind");
+      delete el.dataset.key;
       el.replaceChildren();
       return;
     }
+    const key = info.kind + "\n" + info.title + "\n" + info.lines.join("\n");
+    if (!el.hidden && el.dataset.key === key) return; // unchanged: a live region is not rewritten
     el.hidden = false;
     el.setAttribute("data-kind", info.kind);
+    el.dataset.key = key;
     el.replaceChildren(h("strong", {}, info.title), ...info.lines.map((l) => h("p", {}, l)));
   }
 
@@ -254,7 +276,12 @@
 
   function selectedTarget(sorted) {
     const m = /^#target=(.*)$/.exec(location.hash);
-    const want = m ? decodeURIComponent(m[1]) : null;
+    let want = null;
+    try {
+      want = m ? decodeURIComponent(m[1]) : null;
+    } catch (err) {
+      want = null; // a mangled link: show the most severe target
+    }
     return sorted.find((d) => d.target === want) || sorted[0];
   }
 
@@ -602,6 +629,9 @@
     clearTimeout(resizeTimer);
     resizeTimer = setTimeout(render, 150);
   });
-  window.addEventListener("hashchange", render);
+  window.addEventListener("hashchange", () => {
+    render();
+    poll(); // the chosen target's history now, not at the next tick
+  });
   poll();
 })();
