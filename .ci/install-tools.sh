@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Install the real monitoring binaries the alert tests run: prometheus, promtool (Debian package
-# `prometheus`) and alertmanager, amtool (`prometheus-alertmanager`); and the openssl command line, which
-# makes the TLS tests' certificates (tests/helpers/certs.py; present on most systems already).
+# Install the real programs the tests run: prometheus, promtool (Debian package `prometheus`) and
+# alertmanager, amtool (`prometheus-alertmanager`) for the alert tests; the openssl command line, which makes
+# the TLS tests' certificates (tests/helpers/certs.py; present on most systems already); headless Chromium
+# (`chromium`, with `fonts-dejavu-core` so that its screenshots have a font) for the status page's browser tests.
 #
-# Idempotent and non-interactive: a no-op (well under a second) when all four are already on PATH;
-# otherwise `apt-get update` (only when the package lists are missing or older than a day) and
-# `apt-get install`. Must run as root on Debian/Ubuntu.
+# Idempotent and non-interactive: a no-op (well under a second) when all four binaries are on PATH and
+# /usr/bin/chromium exists; otherwise `apt-get update` (only when the package lists are missing or older
+# than a day) and `apt-get install` of what is missing. Must run as root on Debian/Ubuntu.
 #
 # Debian's maintainer scripts would start both daemons (prometheus on :9090, alertmanager on :9093,
 # plus a node exporter pulled in as a recommendation). The tests start their own instances on free
@@ -25,11 +26,16 @@ have() {
 need=(prometheus promtool alertmanager amtool openssl)
 missing=()
 for b in "${need[@]}"; do have "$b" || missing+=("$b"); done
-if [ "${#missing[@]}" -eq 0 ]; then
-    echo "install-tools: prometheus, promtool, alertmanager, amtool, openssl already installed"
+packages=()
+if [ "${#missing[@]}" -gt 0 ]; then packages+=(prometheus prometheus-alertmanager openssl); fi
+# Debian's chromium (no downloaded browser): tests/helpers/browser.py drives it over DevTools.
+chromium=/usr/bin/chromium
+if [ ! -x "$chromium" ]; then missing+=(chromium); packages+=(chromium fonts-dejavu-core); fi
+if [ "${#packages[@]}" -eq 0 ]; then
+    echo "install-tools: prometheus, promtool, alertmanager, amtool, openssl and chromium already installed"
     exit 0
 fi
-echo "install-tools: missing ${missing[*]}; installing prometheus prometheus-alertmanager openssl"
+echo "install-tools: missing ${missing[*]}; installing ${packages[*]}"
 
 if [ "$(id -u)" -ne 0 ]; then
     echo "install-tools: must run as root (apt-get install)" >&2
@@ -60,7 +66,7 @@ fi
 apt_install() {
     apt-get install -y -qq --no-install-recommends -o DPkg::Lock::Timeout=600 \
         -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold \
-        prometheus prometheus-alertmanager openssl
+        "${packages[@]}"
 }
 if ! apt_install; then
     # Stale lists (a package moved): refresh once and retry.
@@ -81,6 +87,9 @@ done
 for b in "${need[@]}"; do
     have "$b" || { echo "install-tools: $b still missing" >&2; exit 1; }
 done
+[ -x "$chromium" ] || { echo "install-tools: $chromium still missing" >&2; exit 1; }
 echo "install-tools: $(prometheus --version 2>&1 | head -1)"
 am="$(command -v alertmanager || command -v prometheus-alertmanager)"
 echo "install-tools: $("$am" --version 2>&1 | head -1)"
+# (Debian's chromium wrapper script may print a harmless shell warning before the version.)
+echo "install-tools: $("$chromium" --version 2>/dev/null | tail -1)"

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import html
 import json
 import logging
 import time
@@ -24,6 +23,7 @@ from kvwatch.catalog import Bottleneck, most_severe
 from kvwatch.config import Settings
 from kvwatch.export import KvwatchCollector
 from kvwatch.normalize import keep_family
+from kvwatch.page import add_page_routes
 from kvwatch.parse import ParseError, parse
 from kvwatch.scrape import FetchConfig, Fetcher, ScrapeError
 from kvwatch.state import NoVllmMetrics, Target
@@ -124,6 +124,7 @@ class Monitor:
                 log.info("scraping %s", state.target)
         state.scrape_duration_seconds = time.perf_counter() - started
         state.diagnosis = state.diagnose(self.clock())
+        state.history.record(state.diagnosis)
         self.scrapes += 1
 
     def diagnosis_json(self) -> dict:
@@ -147,11 +148,6 @@ class Monitor:
         return {"timestamp": self.clock(), "bottleneck": most_severe([d["bottleneck"] for d in docs]), "targets": docs}
 
 
-LANDING = """<!doctype html><html><head><title>kvwatch</title></head><body>
-<h1>kvwatch {version}</h1><p>Watching: {targets}</p>
-<ul><li><a href="metrics">/metrics</a></li><li><a href="api/v1/diagnosis">/api/v1/diagnosis</a></li>
-<li><a href="healthz">/healthz</a></li><li><a href="readyz">/readyz</a></li></ul></body></html>"""
-
 MONITOR = web.AppKey("monitor", Monitor)
 
 
@@ -171,10 +167,6 @@ def make_app(monitor: Monitor, web_config: WebConfigWatcher | None = None) -> we
     if web_config is not None:
         app.on_response_prepare.append(web_config.add_headers)
 
-    async def landing(_):
-        targets = ", ".join(html.escape(t.target) for t in monitor.targets.values())
-        return web.Response(text=LANDING.format(version=__version__, targets=targets), content_type="text/html")
-
     async def diagnosis(_):
         return web.Response(text=json.dumps(monitor.diagnosis_json(), indent=1), content_type="application/json")
 
@@ -182,7 +174,7 @@ def make_app(monitor: Monitor, web_config: WebConfigWatcher | None = None) -> we
         # Readiness means "kvwatch serves", never "vLLM is up": a loading model must not pull the pod.
         return web.Response(text="ok\n")
 
-    app.router.add_get("/", landing)
+    add_page_routes(app, monitor)  # /, /static/*, /api/v1/history: the status page
     app.router.add_get("/metrics", make_aiohttp_handler(registry))
     app.router.add_get("/api/v1/diagnosis", diagnosis)
     app.router.add_get("/healthz", ok)

@@ -101,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--target", action="append", help="vLLM /metrics URL (repeatable)")
     run.add_argument("--listen", help="HOST:PORT to serve on (default 0.0.0.0:9847)")
     run.add_argument("--web-config-file", help="exporter-toolkit web config: TLS and basic auth on --listen")
+    run.add_argument("--history", help="seconds of history the status page at / charts (default 900)")
     _scrape_flags(run)
     _analysis_flags(run)
 

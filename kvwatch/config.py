@@ -6,6 +6,7 @@ carries that line.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated
 from urllib.parse import urlsplit
@@ -15,6 +16,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from kvwatch.catalog import Thresholds
 from kvwatch.diagnose import Hints
+from kvwatch.history import MAX_SAMPLES
 from kvwatch.redact import redact_url
 
 __all__ = ["ConfigError", "DEFAULT_LISTEN", "DEFAULT_PORT", "Settings", "load_settings"]
@@ -39,6 +41,7 @@ class Settings(BaseSettings):
     timeout: float | None = Field(None, gt=0)  # default: 80 % of the interval
     window: float = Field(10.0, gt=0)
     stale_after: float = Field(5.0, gt=0)
+    history: float = Field(900.0, gt=0, le=7 * 86400)  # seconds the status page charts (kvwatch.history)
     max_body_bytes: int = Field(16 * 1024 * 1024, gt=0)
     bearer_token_file: Path | None = None
     web_config_file: Path | None = None  # the exporter-toolkit's web config: TLS and basic auth (kvwatch.webconfig)
@@ -106,6 +109,11 @@ class Settings(BaseSettings):
                 "a target with user:password@ uses basic auth, which --bearer-token-file would "
                 "override: give one of the two (as Prometheus does)"
             )
+        if self.history_samples > MAX_SAMPLES:
+            raise ValueError(
+                f"--history ({self.history:g}) / --interval ({self.interval:g}) keeps more than {MAX_SAMPLES} "
+                "samples per engine: lower --history or raise --interval"
+            )
         if self.window < 2 * self.interval:
             raise ValueError(f"--window ({self.window:g}) must cover at least two --interval ({self.interval:g})")
         return self
@@ -127,6 +135,11 @@ class Settings(BaseSettings):
             preemption_risk=self.preemption_risk_threshold,
             stall_seconds=self.stall_seconds,
         )
+
+    @property
+    def history_samples(self) -> int:
+        """Rows per ring of the status page's history: one scrape per interval at most, plus the first."""
+        return math.ceil(self.history / self.interval) + 1
 
     @property
     def scrape_timeout(self) -> float:

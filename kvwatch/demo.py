@@ -88,6 +88,15 @@ def plain_line(elapsed: float, phase: str, d: Diagnosis) -> str:
     )
 
 
+def _print_addresses(args, sim_url: str, base: str) -> None:
+    # The status page first: the one address to open.
+    print(f"kvwatch demo: open {base}/ in a browser: the live status page")
+    print(f"  simulated vLLM ({args.scenario}, speed x{args.speed:g}) at {sim_url}")
+    print(f"  kvwatch metrics:   {base}/metrics")
+    print(f"  kvwatch diagnosis: {base}/api/v1/diagnosis")
+    print("  Ctrl-C to stop.\n", flush=True)
+
+
 async def run_demo(args) -> int:
     from kvwatch.sim import SimServer
 
@@ -106,10 +115,7 @@ async def run_demo(args) -> int:
             raise ConfigError(f"invalid setting --listen: cannot listen on {args.listen} ({e.strerror})") from None
         host, port = runner.addresses[0][:2]  # the bound port, also when --listen asked for :0
         base = f"http://{settings.listen_host if settings.listen_host != '0.0.0.0' else '127.0.0.1'}:{port}"
-        print(f"kvwatch demo: simulated vLLM ({args.scenario}, speed x{args.speed:g}) at {sim.url}")
-        print(f"  kvwatch metrics:   {base}/metrics")
-        print(f"  kvwatch diagnosis: {base}/api/v1/diagnosis")
-        print("  Ctrl-C to stop.\n", flush=True)
+        _print_addresses(args, sim.url, base)
 
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -135,7 +141,7 @@ async def run_demo(args) -> int:
                         "\x1b[H\x1b[2J",
                         f"kvwatch demo  t={elapsed:5.0f}s  sim phase: {sim.phase}  target: {diag.bottleneck}",
                     ]
-                    out.append(f"  {base}/metrics   {base}/api/v1/diagnosis\n")
+                    out.append(f"  status page {base}/   {base}/metrics   {base}/api/v1/diagnosis\n")
                     for d in diag.engines:
                         out.extend(render_engine(d, *th))
                     print("\n".join(out), flush=True)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from kvwatch.catalog import Bottleneck, Thresholds, most_severe
 from kvwatch.diagnose import Diagnosis, Hints, diagnose_engine
+from kvwatch.history import TargetHistory
 from kvwatch.normalize import keep_family, normalize
 from kvwatch.parse import parse
 from kvwatch.redact import redact_url
@@ -63,6 +64,8 @@ class Target:
         max_engines: int = 64,
         hints: Hints = Hints(),
         thresholds: Thresholds = Thresholds(),
+        history_seconds: float = 900.0,
+        history_samples: int = 901,
     ):
         self.target = target  # the label: never holds a credential (from_settings redacts it)
         self.url = target  # what is fetched
@@ -80,6 +83,8 @@ class Target:
         self.errors = {r: 0 for r in REASONS}
         self.scrape_duration_seconds: float | None = None
         self.diagnosis: TargetDiagnosis | None = None
+        # What the status page charts: a few numbers per scrape, bounded (kvwatch.history).
+        self.history = TargetHistory(history_seconds, history_samples, max_engines)
 
     @classmethod
     def from_settings(cls, url: str, settings: Settings) -> Target:
@@ -91,6 +96,8 @@ class Target:
             max_engines=settings.max_engines,
             hints=settings.hints,
             thresholds=settings.thresholds,
+            history_seconds=settings.history,
+            history_samples=settings.history_samples,
         )
         t.url = url
         return t

@@ -19,6 +19,8 @@ def test_demo_plain_shows_at_least_three_bottlenecks():
         capture_output=True, text=True, timeout=120,
     )
     assert r.returncode == 0, r.stderr
+    # The status page's URL comes first: the one thing to open.
+    assert r.stdout.splitlines()[0] == f"kvwatch demo: open http://127.0.0.1:{port}/ in a browser: the live status page"
     assert f"http://127.0.0.1:{port}/metrics" in r.stdout and "/api/v1/diagnosis" in r.stdout
     states = set(re.findall(r"engine \d+: (\w+)", r.stdout))
     assert len(states) >= 3, r.stdout

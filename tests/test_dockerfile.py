@@ -454,6 +454,8 @@ exec setpriv --reuid {uid} --regid {gid} --clear-groups --no-new-privs --inh-cap
         except ProcessExited:
             raise AssertionError(f"kvwatch exited {proc.returncode}:\n{log.read_text()[-3000:]}") from None
         assert client.get("/healthz").status_code == 200
+        # The status page's files are package data: in the wheel, read from the read-only venv.
+        assert client.get("/").status_code == 200 and client.get("/static/page.js").status_code == 200
         metrics = client.get("/metrics")
         assert metrics.status_code == 200
         assert re.search(r'^kvwatch_up\{[^}]*\} 0(\.0)?$', metrics.text, re.M), "target down: kvwatch_up 0"
