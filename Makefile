@@ -1,7 +1,7 @@
 # Developer and CI entry points. Set up once: `bash .ci/run` (everything), or `python3 -m venv .venv &&
 # .venv/bin/pip install -e '.[test]' && bash .ci/install-tools.sh` (what the non-e2e tests need).
 #
-#   make test       the fast lane: pytest -q (pyproject's addopts: not e2e, not slow)
+#   make test       the fast lane: pytest -q -n 2 (pyproject's addopts: not e2e, not slow)
 #   make test-all   every test but the real-vLLM lane, slow ones included (WORKERS=3 pytest-xdist workers)
 #   make ci         what .ci/run runs after installing: generated files, test-all, benchmark ratios, e2e
 #   make e2e        the real-vLLM lane (bash .ci/e2e.sh; installs vLLM's CPU build on first use)
@@ -25,7 +25,7 @@ LINT_PATHS := kvwatch
 .PHONY: test test-all ci e2e bench bench-check generate check-generated lint
 
 test:
-	$(PYTEST) -q $(ARGS)
+	$(PYTEST) -q -n 2 $(ARGS)
 
 # pytest exits 5 when it collects nothing: make fails on any non-zero status, but say why.
 test-all:
