@@ -197,8 +197,11 @@ def test_engines_are_separate_series():
     by = {}
     for r in s.results:
         by.setdefault(r.record.engine, []).append(r.diagnosis)
-    assert [d.bottleneck for d in by["000"]] == ["max_num_seqs"] * 3
+    # one record is no plateau (issue 14: no ceiling by elimination); two at Running's maximum are
+    assert [d.bottleneck for d in by["000"]] == ["none", "max_num_seqs", "max_num_seqs"]
+    assert by["000"][0].confidence == "low" and "no limit identified" in by["000"][0].evidence[0]
     assert by["000"][2].max_num_seqs == (32, "inferred") and "inferred max_num_seqs=32" in by["000"][2].evidence[0]
+    assert "in 2 of the last 2 samples" in by["000"][2].evidence[0] and by["000"][2].confidence == "medium"
     assert [d.bottleneck for d in by["001"]] == ["none"] * 3
 
 
@@ -295,8 +298,8 @@ def test_engine_config_line_gives_version_model_dtype_and_prefix_caching():
 EXPECTED = {
     "v0_llm_engine.log": ["none", "kv_cache", "kv_cache", "kv_cache"],
     "v0_metrics.log": ["none", "kv_cache", "kv_cache", "kv_cache", "kv_cache"],
-    "v1_0.7.log": ["none", "max_num_seqs"],
-    "v1_0.8.log": ["max_num_seqs"] * 4 + ["none"],
+    "v1_0.7.log": ["none", "none"],  # one record with a queue: no plateau (was max_num_seqs by elimination)
+    "v1_0.8.log": ["none"] + ["max_num_seqs"] * 3 + ["none"],  # the first queued record: no plateau yet
     "v1_dp2_preemptions.log": ["none", "none", "kv_cache", "none", "kv_cache", "none"],
     "v1_0.32_xpu_kv_fetch.log": ["none", "none", "none"],
     "v1_0.32_iteration_details.log": ["token_budget"] * 3,
