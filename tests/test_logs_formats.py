@@ -43,6 +43,14 @@ V1_08 = (
 )
 
 
+# vllm/v1/metrics/loggers.py LoggingStatLogger._log_iteration_details (0.33, commit 00ec631b), with
+# --enable-logging-iteration-details: prefix, index, context requests/tokens, generation requests/tokens, elapsed
+# ms, " (dummy)" or "", the KV device, KV usage, and the encoder suffix or "".
+ITERATION = ("%sIteration(%d): %d context requests, %d context tokens, %d generation requests, %d generation tokens, "
+             "iteration elapsed time: %.2f ms%s, %s KV cache usage: %.1f%%%s")
+ENCODER = ", encoder inputs: %d, encoder output embeddings: %d"
+
+
 def v1_032(engine, prompt, gen, running, waiting, kv, *, deferred=0, kv_fetch=None, preemptions=0, device="GPU",
            prefix=None, external=None, mm=None):
     """vllm/v1/metrics/loggers.py LoggingStatLogger.log in 0.32: optional parts in their order."""
@@ -333,6 +341,36 @@ def test_iteration_details_give_tokens_per_step():
     bare = [line for line in lines if "non-default args" not in line and "Chunked prefill" not in line]
     d = read(bare).results[0].diagnosis
     assert d.bottleneck == "token_budget" and d.max_num_batched_tokens == (256, "inferred")
+
+
+def test_iteration_detail_lines_of_033_dummy_steps_and_encoder_inputs():
+    """Every variant _log_iteration_details prints: a DP padding step (dummy) schedules nothing and is not a
+    step; the encoder suffix of a multimodal step does not hide the line."""
+    steps = [ITERATION % ("Engine 000: ", 1, 1, 2000, 3, 3, 61.5, "", "GPU", 40.0, ""),
+             ITERATION % ("Engine 000: ", 2, 1, 1900, 3, 3, 60.1, "", "GPU", 41.0, ENCODER % (2, 1152)),
+             ITERATION % ("Engine 000: ", 3, 0, 0, 0, 0, 0.40, " (dummy)", "GPU", 41.0, "")]
+    lines = [v1(1, m, where="loggers.py:254") for m in steps]
+    lines.append(v1(10, v1_032(0, 400.0, 30.0, 4, 12, 0.41, prefix=0.0)))
+    d = read(lines, Hints(max_num_batched_tokens=2048)).results[0].diagnosis
+    assert d.signals.throughput.engine_step_tokens == (2003 + 1903) / 2  # two steps: the dummy one is not counted
+    assert d.bottleneck == "token_budget" and d.confidence == "high"
+
+
+def test_iteration_detail_lines_feed_an_aggregated_stats_line():
+    """--aggregate-engine-logging sums the engines in one stats line while each step line names its engine
+    (_log_prefix_for_engine): the record gets every engine's steps."""
+    lines = []
+    for i in range(4):
+        for eng in (0, 1):
+            lines.append(v1(1, ITERATION % (f"Engine {eng:03d}: ", i, 1, 1020, 8, 8, 30.0, "", "GPU", 30.0, ""),
+                            where="loggers.py:254"))
+    lines.append(v1(10, "2 Engines Aggregated: Avg prompt throughput: 800.0 tokens/s, Avg generation throughput: "
+                        "64.0 tokens/s, Running: 20 reqs, Waiting: 9 reqs, GPU KV cache usage: 30.0%"))
+    r = read(lines, Hints(max_num_batched_tokens=1024)).results[0]
+    assert r.record.engine == "aggregated"
+    assert r.diagnosis.signals.throughput.engine_step_tokens == 1028
+    assert r.diagnosis.signals.throughput.steps_per_second == pytest.approx(8 / 10)
+    assert r.diagnosis.bottleneck == "token_budget"
 
 
 def test_stalled_engine_then_restart():
