@@ -58,17 +58,27 @@ class Bottleneck(StrEnum):
 # (label, colour, meaning) of each bottleneck
 _BOTTLENECK_INFO: dict[Bottleneck, tuple[str, str, str]] = {
     Bottleneck.IDLE: ("idle", "text", "nothing running or waiting"),
-    Bottleneck.NONE: ("serving, no queue", "green", "serving, no queue building"),
+    Bottleneck.NONE: (
+        "serving, no queue",
+        "green",
+        "serving, no queue building; or requests wait and no limit is identified yet (the evidence says why)",
+    ),
     Bottleneck.TOKEN_BUDGET: (
         "token budget",
         "yellow",
-        "prefill pinned at the per-step token budget, KV and sequence room to spare",
+        "prefill paces admission: steps full at the per-step token budget, or without step data prompt "
+        "throughput steady at its maximum; KV and sequence room to spare",
     ),
-    Bottleneck.MAX_NUM_SEQS: ("max_num_seqs", "orange", "running pinned at the sequence ceiling with KV room to spare"),
+    Bottleneck.MAX_NUM_SEQS: (
+        "max_num_seqs",
+        "orange",
+        "running pinned at the sequence ceiling (configured, or a Running plateau) with KV room to spare",
+    ),
     Bottleneck.KV_CACHE: (
         "KV cache",
         "red",
-        "requests wait because free KV blocks cannot hold the next prefill: high KV usage, the throughput gap, preemptions",
+        "requests wait because free KV blocks cannot hold the next prefill: high KV usage, the throughput gap, "
+        "preemptions, or less free KV than one running request holds",
     ),
     Bottleneck.UNREACHABLE: ("unreachable", "purple", "no successful scrape for `--stale-after` seconds (default 5)"),
     Bottleneck.STALLED: ("stalled", "dark-red", "requests present, no token progress"),
