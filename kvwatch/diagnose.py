@@ -4,16 +4,20 @@ How vLLM's V1 scheduler admits a waiting request, and so what each bottleneck lo
 - ``kv_cache``: the prompt's blocks must fit in free KV blocks. When they do not, prefills stop (prompt
   throughput 0 while generation goes on: the throughput gap) and, when a running request cannot get its
   next block, the newest one is preempted. Evidence: requests wait while KV usage is high, or
-  preemptions happen (V1 preempts only for KV), or free KV cannot hold a typical prompt.
+  preemptions happen (V1 preempts only for KV), or free KV cannot hold a typical prompt, or (capacity in
+  tokens unknown) the free share is less than what one running request holds.
 - ``max_num_seqs``: ``running < max_num_seqs`` must hold. Evidence: requests wait while Running is
-  pinned at the ceiling (configured, or inferred from a plateau) and KV has room.
+  pinned at the ceiling (configured, or inferred from a plateau: flat at its maximum while slots turn
+  over) and KV has room.
 - ``token_budget``: prefill chunks share ``max_num_batched_tokens`` per step with the decodes. Evidence:
   requests wait while steps are full of prefill tokens (mean tokens per step near the budget, or far
-  above what decoding alone needs) with KV and sequence room.
+  above what decoding alone needs) with KV and sequence room; without step data, prompt throughput
+  steady near its maximum (prefill paces admission), the budget itself not observed.
 
 vLLM's ``num_requests_waiting_by_reason{reason="capacity"}`` does not say which of these it is; the
 1-second prompt-throughput gap alone does not either (it shows under any gated admission), so the
-rules weigh KV usage and preemptions first.
+rules weigh KV usage and preemptions first. No limit is named by elimination: when none shows, the answer
+is ``none`` with what could not be seen, and every verdict says how sure it is (``Confidence``).
 
 The rules are ``RULES``, an ordered tuple of small functions ``(signals, hints, thresholds) -> Verdict |
 None``: the first verdict wins. A verdict carries facts; ``SENTENCES`` turns them into evidence, in one place.

@@ -269,3 +269,29 @@ def test_no_ceiling_by_elimination_while_one_step_could_make_the_steps_full():
                 **(queue | dict(requests_running=4.0, running_mean=3.6, running_recent_max=4.0, running_max_waiting=4.0)))
     d = diagnose_engine(seqs)
     assert d.bottleneck == "max_num_seqs" and d.max_num_seqs == (4, "inferred")
+
+
+def test_a_configured_ceiling_reached_is_seen_not_inferred():
+    """With --max-num-seqs 2, every moment Running reaches 2 while requests wait is max_num_seqs of high confidence
+    (the ceiling observed), not the medium of a peak near it or the inferred plateau."""
+    reached = [d.engines[0] for d in replay("max_num_seqs", HINTS["max_num_seqs"])
+               if d.engines[0].signals.queue.waiting and (d.engines[0].signals.queue.running_recent_max or 0) >= 2]
+    assert len(reached) >= 8
+    for e in reached:
+        assert e.bottleneck == "max_num_seqs" and e.confidence == Confidence.HIGH, e.evidence
+        assert e.evidence[0].endswith("while Running is at max_num_seqs=2 (configured)")
+        assert e.max_num_seqs == (2, "configured") and e.confidence_reason == "Running at the configured max_num_seqs"
+
+
+def test_one_request_waiting_briefly_is_none_with_medium_confidence():
+    """Poisson traffic leaves a request between arrival and admission now and then: not a queue (medium), unlike a
+    queue that persists with no limit seen (low)."""
+    brief = dict(requests_waiting=1.0, requests_running=6.0, kv_cache_usage_ratio=0.1, kv_usage_recent_max=0.1,
+                 preemptions_per_second=0.0, running_mean=6.0, running_recent_max=6.0, running_max_waiting=6.0,
+                 waiting_samples=2, waiting_streak=2, waiting_recent_min=0.0)
+    d = diagnose_engine(_sig(streak=streak([6, 6], [1, 1], 0.1, 300.0), **brief))
+    assert d.bottleneck == "none" and d.confidence == Confidence.MEDIUM
+    assert d.evidence[0] == "1 request waiting briefly; no limit binding"
+    persisting = brief | dict(waiting_recent_min=1.0, waiting_streak=3)
+    d = diagnose_engine(_sig(streak=streak([6, 6, 6], [1, 1, 1], 0.1, 300.0), **persisting))
+    assert d.bottleneck == "none" and d.confidence == Confidence.LOW and "no limit identified" in d.evidence[0]

@@ -546,8 +546,8 @@ class LogAnalyzer:
         if not any(e.has_steps for e in self.engines.values()):
             out.append(
                 "tokens per engine step: stats lines do not carry them, so a binding max_num_batched_tokens "
-                "shows only as requests waiting with KV and sequence room (vLLM logs steps with "
-                "--enable-logging-iteration-details)"
+                "is inferred only from prefill steady at its maximum while requests wait with KV and sequence "
+                "room, confidence low (vLLM logs steps with --enable-logging-iteration-details)"
             )
         out.append("sequence lengths: not in stats lines, so the KV cache's capacity in sequences is not estimated")
         out.append(
