@@ -8,14 +8,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvwatch.catalog import Thresholds
+
 __all__ = ["CASES", "Poll", "judge"]
+
+# Without a hint kvwatch names the sequence ceiling on a Running plateau only (never by elimination): the queue must
+# have been seen in plateau_samples 1-s scrapes, after kvwatch's first scrape of the simulator and the scrape's
+# phase against the simulator's clock (up to a second each).
+PLATEAU_LAG = Thresholds().plateau_samples + 3.0
 
 # preset: (speed, {phase: (expected bottleneck, allowed lag in simulated seconds)})
 CASES = {
     "idle": (1.0, {"idle": ("idle", 6.0)}),
     "healthy": (1.0, {"healthy": ("none", 6.0)}),
     "kv_cache": (1.0, {"kv_cache": ("kv_cache", 6.0)}),
-    "max_num_seqs": (1.0, {"max_num_seqs": ("max_num_seqs", 6.0)}),
+    "max_num_seqs": (1.0, {"max_num_seqs": ("max_num_seqs", PLATEAU_LAG)}),
     "token_budget": (1.0, {"token_budget": ("token_budget", 6.0)}),
     # kvwatch calls a target stalled after max(5 s, 3 intervals) without token progress
     "stalled": (1.0, {"serving": ("none", 6.0), "stalled": ("stalled", 10.0)}),
@@ -23,7 +30,7 @@ CASES = {
     # 10 s window (max_num_seqs follows recovery's decaying preemption rate; token_budget's mean
     # tokens per step must climb from max_num_seqs' ~64).
     "tour": (1.0, {"healthy": ("none", 6.0), "kv_cache": ("kv_cache", 6.0), "recovery": ("none", 6.0),
-                   "max_num_seqs": ("max_num_seqs", 8.0), "token_budget": ("token_budget", 10.0)}),
+                   "max_num_seqs": ("max_num_seqs", PLATEAU_LAG), "token_budget": ("token_budget", 10.0)}),
 }
 
 
