@@ -209,7 +209,11 @@ def test_json_document_shape():
     doc = replay("kv_cache")[20].as_dict()
     assert set(doc) >= {"timestamp", "target", "bottleneck", "engines"}
     e = doc["engines"][0]
-    assert set(e) >= {"model_name", "engine", "bottleneck", "evidence", "recommendations", "signals"}
+    assert set(e) >= {"model_name", "engine", "bottleneck", "confidence", "confidence_reason", "evidence",
+                      "recommendations", "signals"}
+    assert e["confidence"] in {str(c) for c in Confidence} and e["confidence_reason"]
+    assert e["evidence"][-1] == f"confidence {e['confidence']}: {e['confidence_reason']}"
+    assert "streak" not in e["signals"]  # the queue's samples stay inside kvwatch
     assert all(set(r) == {"action", "why"} for r in e["recommendations"])
     assert {"kv_cache_usage_ratio", "requests_running", "requests_waiting"} <= set(e["signals"])
     assert captures("kv_cache")  # the capture set is what the README says it is
