@@ -23,7 +23,7 @@ import yaml
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from kvwatch.catalog import Action, Bottleneck, Thresholds  # noqa: E402
+from kvwatch.catalog import Action, Bottleneck, Confidence, Thresholds  # noqa: E402
 
 SOURCES = ("kvwatch-rules.yaml", "kvwatch-alerts.yaml")  # recording rules first: alerts read them
 OUTPUT = HERE / "prometheusrule.yaml"
@@ -56,10 +56,31 @@ def load_groups(sources: tuple[str, ...] = SOURCES) -> list[dict]:
     return groups
 
 
+# A page that follows from kvwatch's diagnosis (reads its bottleneck or preemptions) requires this.
+DIAGNOSIS_SERIES = ("kvwatch_bottleneck", "kvwatch_preemptions_per_second")
+CONFIDENCE_GATE = (
+    'kvwatch_diagnosis_confidence{confidence=~"' + "|".join(c for c in Confidence if c.pages) + '"} == 1'
+)
+
+
+def page_problems() -> list[str]:
+    """Critical alerts on kvwatch's diagnosis without the confidence gate (or a gate the catalogue disowns)."""
+    problems = []
+    for group in load_groups(("kvwatch-alerts.yaml",)):
+        for rule in group["rules"]:
+            expr = " ".join(str(rule.get("expr", "")).split())
+            if rule.get("labels", {}).get("severity") != "critical" or not any(x in expr for x in DIAGNOSIS_SERIES):
+                continue
+            if f"and on (job, instance, target, model_name, engine) {CONFIDENCE_GATE}" not in expr:
+                problems.append(f"{rule['alert']} pages on kvwatch's diagnosis without requiring {CONFIDENCE_GATE}")
+    return problems
+
+
 def vocabulary_problems() -> list[str]:
     """Where the hand-written rule files and runbooks disagree with ``kvwatch/catalog.py``: every bottleneck
     they name exists, every limit that binds has its alert, the cost-rank rule lists the actions in the
-    catalogue's order, every action has its runbook fix, and the fleet rules use the default threshold."""
+    catalogue's order, every action has its runbook fix, the fleet rules use the default threshold, and every
+    page on the diagnosis requires the confidence levels that page."""
     text = "".join((HERE / name).read_text() for name in SOURCES)
     runbooks = (HERE / "runbooks.md").read_text()
     problems = [f"unknown bottleneck {b!r}" for b in sorted(set(re.findall(r'bottleneck="([a-z_]+)"', text)) - set(Bottleneck))]
@@ -74,7 +95,7 @@ def vocabulary_problems() -> list[str]:
     stall = f"{Thresholds().admission_stall:.2f}"
     if f">= bool {stall}" not in text:
         problems.append(f"the fleet rules do not use the default admission-stall threshold {stall}")
-    return problems
+    return problems + page_problems()
 
 
 def render() -> str:

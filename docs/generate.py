@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Write the README's vocabulary tables from ``kvwatch/catalog.py``: exported metrics, bottlenecks, actions.
+"""Write the README's vocabulary tables from ``kvwatch/catalog.py``: exported metrics, bottlenecks, actions,
+confidence levels.
 
 Each table sits between ``<!-- BEGIN catalog:NAME -->`` and ``<!-- END catalog:NAME -->``; the rest of the
 README is left as it is.
@@ -18,7 +19,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from kvwatch.catalog import ENGINE, FAMILIES, Action, Bottleneck, Family  # noqa: E402
+from kvwatch.catalog import ENGINE, FAMILIES, Action, Bottleneck, Confidence, Family  # noqa: E402
 
 README = REPO / "README.md"
 
@@ -47,7 +48,18 @@ def actions_table() -> str:
     return "\n".join(rows)
 
 
-TABLES = {"metrics": metrics_table, "bottlenecks": bottlenecks_table, "actions": actions_table}
+def confidence_table() -> str:
+    rows = ["| confidence | pages | meaning |", "|---|---|---|"]
+    rows += [f"| `{c}` | {'yes' if c.pages else 'no'} | {c.meaning} |" for c in Confidence]
+    return "\n".join(rows)
+
+
+TABLES = {
+    "metrics": metrics_table,
+    "bottlenecks": bottlenecks_table,
+    "actions": actions_table,
+    "confidence": confidence_table,
+}
 
 
 def render(text: str) -> str:

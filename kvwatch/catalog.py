@@ -15,6 +15,7 @@ from enum import StrEnum
 __all__ = [
     "Action",
     "Bottleneck",
+    "Confidence",
     "Family",
     "FAMILIES",
     "KvPressure",
@@ -57,17 +58,27 @@ class Bottleneck(StrEnum):
 # (label, colour, meaning) of each bottleneck
 _BOTTLENECK_INFO: dict[Bottleneck, tuple[str, str, str]] = {
     Bottleneck.IDLE: ("idle", "text", "nothing running or waiting"),
-    Bottleneck.NONE: ("serving, no queue", "green", "serving, no queue building"),
+    Bottleneck.NONE: (
+        "serving, no queue",
+        "green",
+        "serving, no queue building; or requests wait and no limit is identified yet (the evidence says why)",
+    ),
     Bottleneck.TOKEN_BUDGET: (
         "token budget",
         "yellow",
-        "prefill pinned at the per-step token budget, KV and sequence room to spare",
+        "prefill paces admission: steps full at the per-step token budget, or without step data prompt "
+        "throughput steady at its maximum; KV and sequence room to spare",
     ),
-    Bottleneck.MAX_NUM_SEQS: ("max_num_seqs", "orange", "running pinned at the sequence ceiling with KV room to spare"),
+    Bottleneck.MAX_NUM_SEQS: (
+        "max_num_seqs",
+        "orange",
+        "running pinned at the sequence ceiling (configured, or a Running plateau) with KV room to spare",
+    ),
     Bottleneck.KV_CACHE: (
         "KV cache",
         "red",
-        "requests wait because free KV blocks cannot hold the next prefill: high KV usage, the throughput gap, preemptions",
+        "requests wait because free KV blocks cannot hold the next prefill: high KV usage, the throughput gap, "
+        "preemptions, or less free KV than one running request holds",
     ),
     Bottleneck.UNREACHABLE: ("unreachable", "purple", "no successful scrape for `--stale-after` seconds (default 5)"),
     Bottleneck.STALLED: ("stalled", "dark-red", "requests present, no token progress"),
@@ -137,6 +148,40 @@ class KvPressure(StrEnum):
 _PRESSURE_COLOUR = {KvPressure.OK: "green", KvPressure.ADMISSION_STALL: "orange", KvPressure.PREEMPTION_RISK: "red"}
 
 
+class Confidence(StrEnum):
+    """How sure a diagnosis is that its bottleneck binds (``kvwatch_diagnosis_confidence``), surest first.
+    Every verdict says why in ``confidence_reason``; alerts that page require ``pages``."""
+
+    HIGH = "high"
+    MEDIUM = "medium"
+    LOW = "low"
+
+    @property
+    def meaning(self) -> str:
+        return _CONFIDENCE_MEANING[self]
+
+    @property
+    def pages(self) -> bool:
+        """Whether a critical alert may page on a diagnosis this sure (alerts/kvwatch-alerts.yaml)."""
+        return self is not Confidence.LOW
+
+
+_CONFIDENCE_MEANING = {
+    Confidence.HIGH: (
+        "the limit was seen binding: Running at a configured ceiling, full engine steps counted, KV usage past the "
+        "admission threshold, preemptions, a prompt larger than the free KV; or nothing waits"
+    ),
+    Confidence.MEDIUM: (
+        "inferred from a pattern the named limit explains: a Running plateau (ceiling inferred), prefill steady at "
+        "its maximum without step data, a budget inferred from the step size, KV room from the prompt's share"
+    ),
+    Confidence.LOW: (
+        "a likely limit, or none: the pattern rests on a log's 10-s averages only, the next request is assumed as "
+        "large as a running one, or requests wait and no limit was identified"
+    ),
+}
+
+
 class Source(StrEnum):
     """Where a limit's value came from (the ``source`` label)."""
 
@@ -154,10 +199,38 @@ class Thresholds:
     preemption_risk: float = 0.95
     # No token progress with requests present for this long = stalled (Settings: max(5 s, 3 intervals)).
     stall_seconds: float = 5.0
-    # Samples in a row with a queue before a ceiling is named by elimination: at 1-s scrapes the first
+    # Samples in a row with a queue before a limit other than KV is named: at 1-s scrapes the first
     # sample of a KV-bound queue often shows KV usage a step behind admission, and Poisson traffic
     # leaves an odd sample with a couple of requests not yet admitted.
     min_queue_samples: int = 2
+    # A Running plateau (the inferred max_num_seqs): the latest plateau_samples samples all have a queue, at
+    # least plateau_share of them read Running's window maximum (within plateau_tolerance of it), Running
+    # neither rises nor falls over them, and requests were admitted meanwhile. Real vLLM's 1-s Running
+    # reads a slot or three low while a finished request's successor is not yet counted
+    # (max_num_seqs_running_dips: 4 4 3 4 4 1 4 at a ceiling of 4; the simulator's tour 30-32 of 32), so 3
+    # of 5 near the maximum is a plateau. 5 samples fit a 10-s window at 1-s scrapes; kvwatch logs use 2
+    # records (one stats line stands for 10 s).
+    plateau_samples: int = 5
+    plateau_share: float = 0.6
+    plateau_tolerance: float = 0.1
+    # Running rises (or falls) when its least-squares change over the samples exceeds the larger of
+    # trend_band_requests and plateau_tolerance of its maximum, and the later half's highest and lowest
+    # samples are both above the earlier half's (below, for a fall). Those dips move Running by a request
+    # or three between samples at any ceiling, and a dip first or last moves only one of the two; a climb
+    # (200 230 240 250 256) moves both.
+    trend_band_requests: float = 2.0
+    # Sequence room without a hint: Running rising while Waiting falls (admission in progress), or Running
+    # at its window maximum in at most unpinned_share of the latest plateau_samples (slots stayed free while
+    # requests waited, so the ceiling did not hold them back). Between the two shares nothing is named.
+    unpinned_share: float = 0.2
+    # Prefill-paced admission without step data: prompt throughput over every span of the queue (intervals
+    # merged to at least prefill_span_seconds: vLLM counts a prompt whole when its prefill completes, so
+    # 1-s intervals of long prompts read 0 or a prompt's worth) at least prefill_steady_share of the
+    # spans' maximum, over at least prefill_min_spans spans. The token_budget capture reads 0.81 over
+    # 2-s spans, the max_num_seqs capture 0.40 (completions pace it there, in bursts).
+    prefill_span_seconds: float = 2.0
+    prefill_steady_share: float = 0.7
+    prefill_min_spans: int = 2
     # A single request caught between arrival and admission is not a queue.
     brief_queue_requests: float = 2.0
     # Steps carrying at least this share of --max-num-batched-tokens are full: chunked prefill fills the
@@ -383,6 +456,15 @@ FAMILIES: tuple[Family, ...] = (
         "adapters",
         "LoRA adapters running / waiting.",
         doc="LoRA adapters `running` / `waiting` (from `lora_requests_info`)",
+    ),
+    Family(
+        "kvwatch_diagnosis_confidence",
+        "gauge",
+        (*ENGINE, "confidence"),
+        "state set",
+        "How sure the engine's diagnosis is (state set: high, medium, low).",
+        doc=f"exactly one of {_states(Confidence)} is 1 (see Diagnosis confidence); alerts that page require "
+        + " or ".join(f"`{c}`" for c in Confidence if c.pages),
     ),
     Family(
         "kvwatch_bottleneck",

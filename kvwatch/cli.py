@@ -168,7 +168,7 @@ def _setup_logging(settings: Settings) -> None:
 def render_text(d: TargetDiagnosis) -> str:
     lines = [f"{d.target}: {d.bottleneck}" + ("" if d.up else f" ({d.error or 'not scraped'})")]
     for e in d.engines:
-        lines.append(f"  model {e.model_name!r} engine {e.engine}: {e.bottleneck}")
+        lines.append(f"  model {e.model_name!r} engine {e.engine}: {e.bottleneck} (confidence {e.confidence})")
         for ev in e.evidence:
             lines.append(f"    - {ev}")
         for r in e.recommendations:

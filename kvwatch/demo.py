@@ -61,7 +61,7 @@ def _num(x, fmt="{:.0f}") -> str:
 def render_engine(d: Diagnosis, stall: float, risk: float) -> list[str]:
     s = d.signals
     lines = [
-        f"  engine {d.engine} ({d.model_name}): bottleneck = {d.bottleneck.upper()}",
+        f"  engine {d.engine} ({d.model_name}): bottleneck = {d.bottleneck.upper()} (confidence {d.confidence})",
         f"    KV cache   {_bar(s.kv.usage_ratio, stall, risk)}   (| {stall:.0%} admission stall, ! {risk:.0%} preemption)",
         f"    requests   running {_num(s.queue.running)}  waiting {_num(s.queue.waiting)}"
         f"  est. max concurrency {_num(s.capacity.estimated_max_concurrency, '{:.1f}')}"
@@ -82,7 +82,7 @@ def plain_line(elapsed: float, phase: str, d: Diagnosis) -> str:
     top = f" -> {d.recommendations[0].action}" if d.recommendations else ""
     kv = "-" if s.kv.usage_ratio is None else f"{s.kv.usage_ratio:.0%}"
     return (
-        f"[{elapsed:6.1f}s] sim phase {phase:<14} engine {d.engine}: {d.bottleneck:<13} "
+        f"[{elapsed:6.1f}s] sim phase {phase:<14} engine {d.engine}: {d.bottleneck:<13} {d.confidence:<6} "
         f"KV {kv:>4}, running {_num(s.queue.running)}, waiting {_num(s.queue.waiting)}, "
         f"preemptions/s {_num(s.throughput.preemptions_per_second, '{:.1f}')}{top}"
     )

@@ -4,16 +4,20 @@ How vLLM's V1 scheduler admits a waiting request, and so what each bottleneck lo
 - ``kv_cache``: the prompt's blocks must fit in free KV blocks. When they do not, prefills stop (prompt
   throughput 0 while generation goes on: the throughput gap) and, when a running request cannot get its
   next block, the newest one is preempted. Evidence: requests wait while KV usage is high, or
-  preemptions happen (V1 preempts only for KV), or free KV cannot hold a typical prompt.
+  preemptions happen (V1 preempts only for KV), or free KV cannot hold a typical prompt, or (capacity in
+  tokens unknown) the free share is less than what one running request holds.
 - ``max_num_seqs``: ``running < max_num_seqs`` must hold. Evidence: requests wait while Running is
-  pinned at the ceiling (configured, or inferred from a plateau) and KV has room.
+  pinned at the ceiling (configured, or inferred from a plateau: flat at its maximum while slots turn
+  over) and KV has room.
 - ``token_budget``: prefill chunks share ``max_num_batched_tokens`` per step with the decodes. Evidence:
   requests wait while steps are full of prefill tokens (mean tokens per step near the budget, or far
-  above what decoding alone needs) with KV and sequence room.
+  above what decoding alone needs) with KV and sequence room; without step data, prompt throughput
+  steady near its maximum (prefill paces admission), the budget itself not observed.
 
 vLLM's ``num_requests_waiting_by_reason{reason="capacity"}`` does not say which of these it is; the
 1-second prompt-throughput gap alone does not either (it shows under any gated admission), so the
-rules weigh KV usage and preemptions first.
+rules weigh KV usage and preemptions first. No limit is named by elimination: when none shows, the answer
+is ``none`` with what could not be seen, and every verdict says how sure it is (``Confidence``).
 
 The rules are ``RULES``, an ordered tuple of small functions ``(signals, hints, thresholds) -> Verdict |
 None``: the first verdict wins. A verdict carries facts; ``SENTENCES`` turns them into evidence, in one place.
@@ -26,8 +30,8 @@ import string
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kvwatch.catalog import Action, Bottleneck, KvPressure, Source, Thresholds, most_severe
-from kvwatch.window import Signals
+from kvwatch.catalog import Action, Bottleneck, Confidence, KvPressure, Source, Thresholds, most_severe
+from kvwatch.window import Signals, StreakPoint
 
 __all__ = [
     "Diagnosis",
@@ -69,6 +73,8 @@ class Verdict:
     recommendations: list[Recommendation] = field(default_factory=list)
     max_num_seqs: tuple[int, Source] | None = None  # set when the rule inferred it
     max_num_batched_tokens: tuple[int, Source] | None = None
+    confidence: Confidence = Confidence.HIGH
+    reason: str = ""  # why that confidence: what was seen, or what was not
 
 
 @dataclass(slots=True)
@@ -82,6 +88,8 @@ class Diagnosis:
     kv_pressure: KvPressure = KvPressure.OK
     max_num_seqs: tuple[int, str] | None = None  # (value, "configured" | "inferred")
     max_num_batched_tokens: tuple[int, str] | None = None
+    confidence: Confidence = Confidence.HIGH
+    confidence_reason: str = ""
 
     def as_dict(self) -> dict:
         def limit(v: tuple[int, str] | None) -> dict | None:
@@ -91,6 +99,8 @@ class Diagnosis:
             "model_name": self.model_name,
             "engine": self.engine,
             "bottleneck": self.bottleneck,
+            "confidence": self.confidence,
+            "confidence_reason": self.confidence_reason,
             "evidence": list(self.evidence),
             "recommendations": [{"action": r.action, "why": r.why} for r in self.recommendations],
             "kv_cache_pressure": self.kv_pressure,
@@ -135,6 +145,10 @@ SENTENCES: dict[str, str] = {
     "preempting": "{rate:.1f} preemptions/s: running requests lose their KV blocks and recompute",
     "kv_high": "KV cache {kv!p} used (admission stalls above {threshold!p})",
     "prompt_does_not_fit": "free KV holds {free!n} tokens, less than a typical prompt ({prompt!n} tokens)",
+    "next_request_does_not_fit": (
+        "KV cache {kv!p} used by {running!n} running requests = {per!p} each{tokens_text}: the {free!p} free is less "
+        "than one running request holds{prompt_text}, so the next request likely does not fit"
+    ),
     "swapped": "{swapped!n} requests swapped out to CPU for lack of KV blocks",
     "throughput_gap": "prompt throughput was 0 in {share!p} of intervals while generation went on (the throughput gap)",
     "kv_concurrency": "KV capacity {capacity!n} tokens / {sequence!n} tokens per sequence = about {concurrency!n} concurrent sequences",
@@ -148,10 +162,6 @@ SENTENCES: dict[str, str] = {
         "{waiting!n} requests waiting; Running peaked at {peak!n} of max_num_seqs={ceiling} (configured) "
         "over the last {samples} samples with a queue"
     ),
-    "admission_in_progress": (
-        "{waiting!n} waiting with {running!n} of max_num_seqs={ceiling} running, KV and token budget not binding: "
-        "admission in progress"
-    ),
     "brief_wait": "{waiting!n} request waiting briefly; no limit binding",
     "queue_just_formed": "{waiting!n} waiting with {running!n} running: a queue has just formed, no limit named yet",
     "no_step_ended": (
@@ -163,9 +173,36 @@ SENTENCES: dict[str, str] = {
         "{step_max!n} over {steps:.0f} steps of the {full!n} that mean a binding token budget: no limit named yet"
     ),
     "inferred_ceiling": (
-        "{waiting!n} requests waiting while Running peaked at {ceiling} ({at_max} of {samples} samples with a queue "
-        "in the last {span:.0f} s): inferred max_num_seqs={ceiling} (no hint given)"
+        "{waiting!n} requests waiting while Running held at {ceiling} in {at_max} of the last {samples} samples "
+        "({seconds:.0f} s, every one with a queue, requests admitted meanwhile): inferred max_num_seqs={ceiling} "
+        "(no hint given)"
     ),
+    "prefill_steady": (
+        "{waiting!n} requests waiting while prompt throughput held at {low!n}-{high!n} tokens/s over {spans} spans "
+        "of the last {seconds:.0f} s (within {share!p} of its maximum): prefill paces admission"
+    ),
+    "room_configured": "Running peaked at {peak!n} of max_num_seqs={ceiling} (configured): sequences have room",
+    "room_rising": "Running rose from {first!n} to {last!n}: sequences have room",
+    "room_not_pinned": (
+        "Running is not pinned at a ceiling: it read its peak {peak!n} in only {at_max} of the last {samples} samples "
+        "with a queue"
+    ),
+    "room_prefill_fills_steps": (
+        "Running held at {peak!n}, but prefill fills the steps: ~{step!n} tokens per step estimated from "
+        "{prompt!n} prompt and {gen!n} generation tokens/s at {running!n} running (a ceiling at {peak!n} is not "
+        "ruled out without --max-num-seqs)"
+    ),
+    "budget_not_observed": (
+        "the per-step budget itself was not observed ({why}): the budget or the prefill compute binds{budget_text}"
+    ),
+    "admitting": (
+        "Running rose {first_running!n}->{last_running!n} and Waiting fell {first_waiting!n}->{last_waiting!n} "
+        "over {seconds:.0f} s: admission in progress at {rate:.1f} requests/s or more"
+    ),
+    "no_limit": "{waiting!n} waiting with {running!n} running: requests wait, no limit identified",
+    "ruled_out": "not seen: {what}",
+    "unseen": "kvwatch could not see {what}",
+    "confidence": "confidence {level}: {reason}",
 }
 _FMT = _Formatter()
 
@@ -178,6 +215,8 @@ def evidence(facts: list[Fact]) -> list[str]:
 # ------------------------------------------------------------------------------------------- rules
 
 Rule = Callable[[Signals, Hints, Thresholds], "Verdict | None"]
+
+HIGH, MEDIUM, LOW = Confidence.HIGH, Confidence.MEDIUM, Confidence.LOW
 
 
 def _running(s: Signals) -> float:
@@ -198,7 +237,8 @@ def stalled(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
         {"present": running + waiting, "running": running, "waiting": waiting, "seconds": s.throughput.stalled_seconds},
     )
     why = "the engine makes no progress although it has work; /health may still say 200"
-    return Verdict(Bottleneck.STALLED, [fact], [Recommendation(Action.RESTART_ENGINE, why)])
+    reason = f"no token for {s.throughput.stalled_seconds:.0f} s with requests present"
+    return Verdict(Bottleneck.STALLED, [fact], [Recommendation(Action.RESTART_ENGINE, why)], reason=reason)
 
 
 def no_queue(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
@@ -206,10 +246,11 @@ def no_queue(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
     if _waiting(s) > 0:
         return None
     if _running(s) <= 0 and not s.queue.running_recent_max and not s.throughput.generation_tokens_per_second:
-        return Verdict(Bottleneck.IDLE, [("nothing_present", {})])
+        return Verdict(Bottleneck.IDLE, [("nothing_present", {})], reason="nothing running or waiting")
     usage = s.kv.usage_ratio
     kv_text = f", KV cache {usage * 100:.0f}% used" if usage is not None else ""
-    return Verdict(Bottleneck.NONE, [("serving", {"running": _running(s), "kv_text": kv_text})])
+    fact = ("serving", {"running": _running(s), "kv_text": kv_text})
+    return Verdict(Bottleneck.NONE, [fact], reason="nothing waits")
 
 
 def all_deferred(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
@@ -217,11 +258,40 @@ def all_deferred(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
     deferred = s.queue.waiting_deferred or 0.0
     if deferred < _waiting(s):
         return None
-    return Verdict(Bottleneck.NONE, [("all_deferred", {"waiting": _waiting(s)})])
+    fact = ("all_deferred", {"waiting": _waiting(s)})
+    return Verdict(Bottleneck.NONE, [fact], reason="vLLM counts every waiting request as deferred")
+
+
+_KV_REASONS = {
+    "preempting": "preemptions counted",
+    "kv_high": "KV usage past the admission-stall threshold",
+    "prompt_does_not_fit": "a typical prompt is larger than the free KV",
+    "swapped": "requests swapped out for lack of KV blocks",
+}
 
 
 def kv_cache(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
-    """KV first: it is the usual cause and the most severe. Any one sign is enough."""
+    """KV first: it is the usual cause and the most severe. Any one sign is enough; without the capacity in
+    tokens, the room one request needs is judged from the share a running request holds."""
+    signs, confidence, reason = _kv_signs(s, th)
+    if not signs:
+        return None
+    facts: list[Fact] = [("waiting_few_run", {"waiting": _waiting(s), "running": _running(s)}), *signs]
+    if s.throughput.gap_fraction:
+        facts.append(("throughput_gap", {"share": s.throughput.gap_fraction}))
+    cap = s.capacity
+    if cap.estimated_max_concurrency is not None:
+        numbers = {
+            "capacity": cap.capacity_tokens,
+            "sequence": cap.mean_sequence_tokens,
+            "concurrency": cap.estimated_max_concurrency,
+        }
+        facts.append(("kv_concurrency", numbers))
+    return Verdict(Bottleneck.KV_CACHE, facts, kv_recommendations(s, hints, th), confidence=confidence, reason=reason)
+
+
+def _kv_signs(s: Signals, th: Thresholds) -> tuple[list[Fact], Confidence, str]:
+    """The signs that KV binds, how sure they make it, and why."""
     kv, cap, prompt = s.kv.recent_max, s.capacity.capacity_tokens, s.capacity.mean_prompt_tokens
     signs: list[Fact] = []
     if s.throughput.preemptions_per_second:  # V1 preempts only when a running request needs a block
@@ -232,23 +302,43 @@ def kv_cache(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
         signs.append(("prompt_does_not_fit", {"free": cap * (1 - kv), "prompt": prompt}))
     if s.queue.swapped:  # V0 swaps to CPU before it preempts
         signs.append(("swapped", {"swapped": s.queue.swapped}))
-    if not signs:
+    if signs:
+        return signs, HIGH, _KV_REASONS[signs[0][0]]
+    share = None if (cap and prompt) else _kv_share(s)  # with both, the prompt's tokens were compared above
+    if share is None:
+        return [], LOW, ""
+    fact, confidence = share
+    what = "the KV capacity in tokens" if not cap else "the prompt lengths"
+    if confidence is MEDIUM:
+        reason = f"{what} unknown: the room one request needs is the prompt's share of a running request's"
+    else:
+        reason = f"{what} and the prompt's share unknown: the next request is assumed as large as a running one"
+    return [fact], confidence, reason
+
+
+def _kv_share(s: Signals) -> tuple[Fact, Confidence] | None:
+    """The free share of the KV cache against what one running request holds (usage / running, at the
+    latest sample with a queue), and against the prompt's share of it when the lengths are known: a running
+    request holds its prompt and part of its output, so prompt / (prompt + output) of its share is the least
+    the next prompt needs."""
+    pts = [(p, p.kv) for p in s.queue.streak if p.running > 0 and p.kv is not None]
+    if not pts:
         return None
-    facts: list[Fact] = [("waiting_few_run", {"waiting": _waiting(s), "running": _running(s)}), *signs]
-    if s.throughput.gap_fraction:
-        facts.append(("throughput_gap", {"share": s.throughput.gap_fraction}))
-    if s.capacity.estimated_max_concurrency is not None:
-        facts.append(
-            (
-                "kv_concurrency",
-                {
-                    "capacity": cap,
-                    "sequence": s.capacity.mean_sequence_tokens,
-                    "concurrency": s.capacity.estimated_max_concurrency,
-                },
-            )
-        )
-    return Verdict(Bottleneck.KV_CACHE, facts, kv_recommendations(s, hints, th))
+    p, kv = pts[-1]
+    per, free = kv / p.running, 1.0 - kv
+    if free >= per:
+        return None
+    c, cap = s.capacity, s.capacity.capacity_tokens
+    least = (
+        per * c.mean_prompt_tokens / c.mean_sequence_tokens if c.mean_prompt_tokens and c.mean_sequence_tokens else None
+    )
+    tokens_text = f" (~{_n(cap * per)} of {_n(cap)} tokens)" if cap else ""
+    prompt_text = ""
+    if least is not None and free < least:
+        prompt_text = f" and less than the prompt's share (at least {least * 100:.0f}%)"
+    values = {"kv": kv, "running": p.running, "per": per, "free": free}
+    fact = ("next_request_does_not_fit", values | {"tokens_text": tokens_text, "prompt_text": prompt_text})
+    return fact, (MEDIUM if prompt_text else LOW)
 
 
 def at_configured_ceiling(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
@@ -257,7 +347,8 @@ def at_configured_ceiling(s: Signals, hints: Hints, th: Thresholds) -> Verdict |
     if not ceiling or (s.queue.running_recent_max or 0) < ceiling:
         return None
     facts = [("at_configured_ceiling", {"waiting": _waiting(s), "ceiling": ceiling}), _kv_room(s)]
-    return Verdict(Bottleneck.MAX_NUM_SEQS, facts, seqs_recommendations(s, ceiling, th))
+    reason = "Running at the configured max_num_seqs"
+    return Verdict(Bottleneck.MAX_NUM_SEQS, facts, seqs_recommendations(s, ceiling, th), reason=reason)
 
 
 def full_steps(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
@@ -285,7 +376,14 @@ def full_steps(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
         ),
         Recommendation(Action.ADD_REPLICA, "more engines share the prefill load"),
     ]
-    return Verdict(Bottleneck.TOKEN_BUDGET, facts, recs, max_num_batched_tokens=inferred)
+    if budget:
+        return Verdict(
+            Bottleneck.TOKEN_BUDGET, facts, recs, reason="full engine steps counted at the configured budget"
+        )
+    reason = "full engine steps counted; the budget inferred from the step size (no --max-num-batched-tokens)"
+    return Verdict(
+        Bottleneck.TOKEN_BUDGET, facts, recs, max_num_batched_tokens=inferred, confidence=MEDIUM, reason=reason
+    )
 
 
 def near_configured_ceiling(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
@@ -299,30 +397,26 @@ def near_configured_ceiling(s: Signals, hints: Hints, th: Thresholds) -> Verdict
         "near_configured_ceiling",
         {"waiting": _waiting(s), "peak": peak, "ceiling": ceiling, "samples": s.queue.waiting_samples},
     )
-    return Verdict(Bottleneck.MAX_NUM_SEQS, [fact, _kv_room(s)], seqs_recommendations(s, ceiling, th))
-
-
-def admission_in_progress(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
-    """A ceiling is known, Running stayed below it, KV and steps have room: requests are on their way in."""
-    if not hints.max_num_seqs:
-        return None
-    fact = ("admission_in_progress", {"waiting": _waiting(s), "running": _running(s), "ceiling": hints.max_num_seqs})
-    return Verdict(Bottleneck.NONE, [fact])
+    reason = f"Running came within {th.near_ceiling_share:.0%} of the configured ceiling, not to it"
+    recs = seqs_recommendations(s, ceiling, th)
+    return Verdict(Bottleneck.MAX_NUM_SEQS, [fact, _kv_room(s)], recs, confidence=MEDIUM, reason=reason)
 
 
 def brief_wait(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
     """One request caught between arrival and admission is not a queue: Poisson traffic does that."""
     if _waiting(s) >= th.brief_queue_requests or s.queue.waiting_recent_min:
         return None
-    return Verdict(Bottleneck.NONE, [("brief_wait", {"waiting": _waiting(s)})])
+    reason = "one request between arrival and admission"
+    return Verdict(Bottleneck.NONE, [("brief_wait", {"waiting": _waiting(s)})], confidence=MEDIUM, reason=reason)
 
 
 def queue_just_formed(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
-    """Naming a ceiling by elimination from one sample would blip max_num_seqs at the start of every queue,
-    KV-bound ones included, and on stray arrivals: wait for the queue to persist."""
+    """A queue's first sample names nothing but KV: at 1-s scrapes KV usage lags admission by a step, so a
+    KV-bound queue can look roomy for a sample, and stray arrivals leave one."""
     if s.queue.waiting_streak >= th.min_queue_samples:
         return None
-    return Verdict(Bottleneck.NONE, [("queue_just_formed", {"waiting": _waiting(s), "running": _running(s)})])
+    fact = ("queue_just_formed", {"waiting": _waiting(s), "running": _running(s)})
+    return Verdict(Bottleneck.NONE, [fact], confidence=LOW, reason="the queue has just formed")
 
 
 def no_step_ended(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
@@ -332,7 +426,7 @@ def no_step_ended(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
     if s.throughput.steps_per_second != 0.0:
         return None
     fact = ("no_step_ended", {"waiting": _waiting(s), "running": _running(s), "span": s.span_seconds})
-    return Verdict(Bottleneck.NONE, [fact])
+    return Verdict(Bottleneck.NONE, [fact], confidence=LOW, reason="no engine step ended in the window")
 
 
 def steps_nearly_full(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
@@ -356,30 +450,98 @@ def steps_nearly_full(s: Signals, hints: Hints, th: Thresholds) -> Verdict | Non
             "full": full,
         },
     )
-    return Verdict(Bottleneck.NONE, [fact])
+    return Verdict(Bottleneck.NONE, [fact], confidence=LOW, reason="engine steps within one step of full")
 
 
-def ceiling_by_elimination(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
-    """No hint, nothing else binds, the queue persists: the sequence ceiling, inferred as Running's peak
-    while requests waited."""
-    q = s.queue
-    ceiling = int(q.running_max_waiting or q.running_recent_max or _running(s))
+def running_plateau(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
+    """No hint: Running flat at its window maximum over the latest samples, all with a queue, while requests
+    were admitted (prefill completed) meanwhile, so slots turned over and none was added: the sequence
+    ceiling, inferred. Without step data a prefill that fills the steps flattens Running as well: that is
+    ``prefill_paced``'s to judge."""
+    p = None if hints.max_num_seqs else _plateau(s, th)
+    if p is None or (s.throughput.engine_step_tokens is None and _prefill_fills_steps(s, hints, th)):
+        return None
+    ceiling = int(p.running)
     fact = (
         "inferred_ceiling",
-        {
-            "waiting": _waiting(s),
-            "ceiling": ceiling,
-            "at_max": q.running_at_max_samples,
-            "samples": q.waiting_samples,
-            "span": s.span_seconds,
-        },
+        {"waiting": _waiting(s), "ceiling": ceiling, "at_max": p.at_max, "samples": p.samples, "seconds": p.seconds},
     )
+    reason = f"ceiling inferred from a Running plateau over {p.samples} samples (pass --max-num-seqs to confirm)"
     return Verdict(
         Bottleneck.MAX_NUM_SEQS,
         [fact, _kv_room(s)],
         seqs_recommendations(s, ceiling, th),
         max_num_seqs=(ceiling, Source.INFERRED),
+        confidence=MEDIUM,
+        reason=reason,
     )
+
+
+def prefill_paced(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
+    """No step data, and prompt throughput steady near its window maximum while requests wait with KV and
+    sequence room: prefill paces admission, so the per-step budget (or the prefill compute) binds. The budget
+    itself is not observed, and the evidence says so."""
+    steady = None if s.throughput.engine_step_tokens is not None else _prefill_steady(s, th)
+    room = None if steady is None else _sequence_room(s, hints, th)
+    if steady is None or room is None:
+        return None
+    numbers = {"low": steady.low, "high": steady.high, "spans": steady.spans, "seconds": steady.seconds}
+    facts: list[Fact] = [("prefill_steady", {"waiting": _waiting(s), "share": th.prefill_steady_share} | numbers)]
+    facts += [room, _kv_room(s)]
+    log = s.throughput.log_averages
+    why = "the log has no iteration-detail lines" if log else "no vllm:iteration_tokens_total in /metrics"
+    budget = hints.max_num_batched_tokens
+    budget_text = f" (max_num_batched_tokens={budget}, configured)" if budget else ""
+    facts.append(("budget_not_observed", {"why": why, "budget_text": budget_text}))
+    admitting = _admitting(s, th)
+    if admitting is not None:
+        facts.append(_admitting_fact(admitting))
+    recs = [
+        Recommendation(
+            Action.RAISE_MAX_NUM_BATCHED_TOKENS,
+            f"prefill holds at ~{_n(steady.high)} tokens/s while requests wait; if the per-step budget binds, a "
+            "larger one admits prefills faster (not observed: enable --enable-logging-iteration-details or read "
+            "vllm:iteration_tokens_total; trade-off: longer steps raise inter-token latency)",
+        ),
+        Recommendation(Action.ADD_REPLICA, "if the prefill compute itself binds, more engines share it"),
+    ]
+    if log:
+        reason = "log averages only: the budget was not observed (no tokens per step in the log)"
+        return Verdict(Bottleneck.TOKEN_BUDGET, facts, recs, confidence=LOW, reason=reason)
+    reason = "the budget was not observed: no tokens per step in /metrics"
+    return Verdict(Bottleneck.TOKEN_BUDGET, facts, recs, confidence=MEDIUM, reason=reason)
+
+
+def admission_in_progress(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
+    """Running rises while Waiting falls, and nothing above paces it: requests are on their way in."""
+    admitting = _admitting(s, th)
+    if admitting is None:
+        return None
+    reason = "requests are being admitted: Running rises as Waiting falls"
+    return Verdict(Bottleneck.NONE, [_admitting_fact(admitting), _kv_room(s)], confidence=MEDIUM, reason=reason)
+
+
+def no_limit_identified(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
+    """The queue persists and no rule above found a limit: say so, and what kvwatch could not see, rather
+    than name one by elimination."""
+    facts: list[Fact] = [("no_limit", {"waiting": _waiting(s), "running": _running(s)}), _kv_room(s)]
+    checked = []
+    if not hints.max_num_seqs:
+        checked.append("Running flat at a maximum while requests were admitted")
+    if s.throughput.engine_step_tokens is None:
+        checked.append("prompt throughput steady near its maximum")
+    checked.append("Running rising as Waiting falls")
+    facts.append(("ruled_out", {"what": ", ".join(checked)}))
+    unseen = []
+    if s.throughput.engine_step_tokens is None:
+        unseen.append("tokens per engine step")
+    if not hints.max_num_seqs:
+        unseen.append("max_num_seqs (pass --max-num-seqs)")
+    if s.capacity.capacity_tokens is None:
+        unseen.append("the KV capacity in tokens")
+    if unseen:
+        facts.append(("unseen", {"what": ", ".join(unseen)}))
+    return Verdict(Bottleneck.NONE, facts, confidence=LOW, reason="requests wait, no limit identified")
 
 
 RULES: tuple[Rule, ...] = (
@@ -390,18 +552,22 @@ RULES: tuple[Rule, ...] = (
     at_configured_ceiling,
     full_steps,
     near_configured_ceiling,
-    admission_in_progress,
     brief_wait,
     queue_just_formed,
     no_step_ended,
     steps_nearly_full,
-    ceiling_by_elimination,
+    running_plateau,
+    prefill_paced,
+    admission_in_progress,
+    no_limit_identified,
 )
 
 
 def diagnose_engine(s: Signals, hints: Hints = Hints(), th: Thresholds = Thresholds()) -> Diagnosis:
     verdict = next(v for v in (rule(s, hints, th) for rule in RULES) if v is not None)
-    d = Diagnosis(s.model_name, s.engine, verdict.bottleneck, s, evidence(verdict.facts), verdict.recommendations)
+    facts = [*verdict.facts, ("confidence", {"level": verdict.confidence, "reason": verdict.reason})]
+    d = Diagnosis(s.model_name, s.engine, verdict.bottleneck, s, evidence(facts), verdict.recommendations)
+    d.confidence, d.confidence_reason = verdict.confidence, verdict.reason
     d.kv_pressure = kv_pressure(s.kv.recent_max, th)
     if hints.max_num_seqs:
         d.max_num_seqs = (hints.max_num_seqs, Source.CONFIGURED)
@@ -410,6 +576,144 @@ def diagnose_engine(s: Signals, hints: Hints = Hints(), th: Thresholds = Thresho
     d.max_num_seqs = verdict.max_num_seqs or d.max_num_seqs
     d.max_num_batched_tokens = verdict.max_num_batched_tokens or d.max_num_batched_tokens
     return d
+
+
+# ------------------------------------------------------------------------------------------- patterns
+
+
+@dataclass(frozen=True, slots=True)
+class _Plateau:
+    running: float  # the window maximum Running held at
+    at_max: int  # samples of the latest ``samples`` that read it
+    samples: int
+    seconds: float
+
+
+def _plateau(s: Signals, th: Thresholds) -> _Plateau | None:
+    """Running at its window maximum (within ``plateau_tolerance``) in at least ``plateau_share`` of the latest
+    ``plateau_samples`` samples, every one with a queue, neither rising nor falling over them, and prefill
+    completed between the first and the last (slots turned over)."""
+    n, peak = max(2, th.plateau_samples), s.queue.running_max_waiting
+    pts = s.queue.streak[-n:]
+    if len(pts) < n or not peak:
+        return None
+    at_max = _at_max(pts, peak, th)
+    if at_max < math.ceil(th.plateau_share * n - 1e-9) or _trend(pts, peak, th) != 0:
+        return None
+    a, b = pts[0].prompt_tokens, pts[-1].prompt_tokens
+    if a is None or b is None or b <= a:  # nothing admitted: one long request, not a ceiling shown
+        return None
+    return _Plateau(peak, at_max, n, pts[-1].t - pts[0].t)
+
+
+def _at_max(pts: tuple[StreakPoint, ...], peak: float, th: Thresholds) -> int:
+    return sum(1 for p in pts if p.running >= peak * (1 - th.plateau_tolerance))
+
+
+def _trend(pts: tuple[StreakPoint, ...], peak: float, th: Thresholds) -> int:
+    """+1 if Running rises over ``pts``, -1 if it falls, else 0: its least-squares change beyond the band
+    (``trend_band_requests`` or ``plateau_tolerance`` of ``peak``), and the later half's highest and lowest
+    both past the earlier half's (a dip at a ceiling, first or last, moves one of them; a climb both)."""
+    n = len(pts)
+    mt = sum(p.t for p in pts) / n
+    den = sum((p.t - mt) ** 2 for p in pts)
+    if n < 2 or den <= 0:
+        return 0
+    mr = sum(p.running for p in pts) / n
+    change = sum((p.t - mt) * (p.running - mr) for p in pts) / den * (pts[-1].t - pts[0].t)
+    band = max(th.trend_band_requests, th.plateau_tolerance * peak)
+    early, late = [p.running for p in pts[: n // 2]], [p.running for p in pts[(n + 1) // 2 :]]
+    if change > band and max(late) > max(early) and min(late) > min(early):
+        return 1
+    if change < -band and max(late) < max(early) and min(late) < min(early):
+        return -1
+    return 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Steady:
+    low: float
+    high: float
+    spans: int
+    seconds: float
+
+
+def _prefill_steady(s: Signals, th: Thresholds) -> _Steady | None:
+    """Prompt throughput over the queue's spans (its intervals merged, newest first, to at least
+    ``prefill_span_seconds``), every span within ``prefill_steady_share`` of the highest."""
+    pts, rates = s.queue.streak, []
+    dt = dp = 0.0
+    for a, b in zip(reversed(pts[:-1]), reversed(pts[1:]), strict=True):
+        if a.prompt_tokens is None or b.prompt_tokens is None:
+            return None
+        dt, dp = dt + b.t - a.t, dp + b.prompt_tokens - a.prompt_tokens
+        if dt >= th.prefill_span_seconds:
+            rates.append(dp / dt)
+            dt = dp = 0.0
+    if len(rates) < th.prefill_min_spans or max(rates) <= 0 or min(rates) < th.prefill_steady_share * max(rates):
+        return None
+    return _Steady(min(rates), max(rates), len(rates), pts[-1].t - pts[0].t)
+
+
+def _estimated_step_tokens(s: Signals) -> float | None:
+    """Tokens per step from the averages alone: each running request decodes one token per step, so steps
+    per second ~ generation / running and a step carries (prompt + generation) / that."""
+    p, g, r = s.throughput.prompt_tokens_per_second, s.throughput.generation_tokens_per_second, s.queue.running_mean
+    if p is None or g is None or not r or p <= 0:
+        return None
+    return math.inf if g <= 0 else (p + g) * r / g
+
+
+def _prefill_fills_steps(s: Signals, hints: Hints, th: Thresholds) -> bool:
+    step = _estimated_step_tokens(s)
+    return step is not None and step >= _full_step(s, hints, th)
+
+
+def _sequence_room(s: Signals, hints: Hints, th: Thresholds) -> Fact | None:
+    """Positive evidence that sequences have room, or None."""
+    peak = s.queue.running_max_waiting or _running(s)
+    ceiling = hints.max_num_seqs
+    if ceiling:
+        return (
+            None if peak >= th.near_ceiling_share * ceiling else ("room_configured", {"peak": peak, "ceiling": ceiling})
+        )
+    admitting = _admitting(s, th)
+    if admitting is not None:
+        return ("room_rising", {"first": admitting[0].running, "last": admitting[1].running})
+    n = max(2, th.plateau_samples)
+    if len(s.queue.streak) < n:
+        return None
+    at_max = _at_max(s.queue.streak[-n:], peak, th)
+    if at_max <= th.unpinned_share * n + 1e-9:
+        return ("room_not_pinned", {"peak": peak, "at_max": at_max, "samples": n})
+    if _plateau(s, th) is None or not _prefill_fills_steps(s, hints, th):
+        return None
+    t = s.throughput
+    numbers = {"prompt": t.prompt_tokens_per_second, "gen": t.generation_tokens_per_second}
+    return (
+        "room_prefill_fills_steps",
+        {"peak": peak, "step": _estimated_step_tokens(s), "running": s.queue.running_mean} | numbers,
+    )
+
+
+def _admitting(s: Signals, th: Thresholds) -> tuple[StreakPoint, StreakPoint, float] | None:
+    """Running rising (``_trend``) while Waiting fell, over the queue; with the admission rate that shows at least: Running's rise (completions
+    only lower it) and Waiting's fall (arrivals only slow it)."""
+    pts = s.queue.streak
+    if len(pts) < 2:
+        return None
+    a, b = pts[0], pts[-1]
+    peak = s.queue.running_max_waiting or b.running
+    if _trend(pts, peak, th) != 1 or b.waiting >= a.waiting or b.t <= a.t:
+        return None
+    dt = b.t - a.t
+    return a, b, max((b.running - a.running) / dt, (a.waiting - b.waiting) / dt)
+
+
+def _admitting_fact(admitting: tuple[StreakPoint, StreakPoint, float]) -> Fact:
+    a, b, rate = admitting
+    values = {"first_running": a.running, "last_running": b.running, "first_waiting": a.waiting}
+    return ("admitting", values | {"last_waiting": b.waiting, "seconds": b.t - a.t, "rate": rate})
 
 
 # ------------------------------------------------------------------------------------------- advice

@@ -9,6 +9,7 @@ Example (one engine in a KV-bound state)::
     kvwatch_up{target="http://127.0.0.1:8000/metrics"} 1.0
     kvwatch_kv_cache_usage_ratio{engine="0",model_name="m",target="..."} 0.95
     kvwatch_bottleneck{bottleneck="kv_cache",engine="0",model_name="m",target="..."} 1.0
+    kvwatch_diagnosis_confidence{confidence="high",engine="0",model_name="m",target="..."} 1.0
     kvwatch_recommendation{action="fp8_kv_cache",engine="0",model_name="m",target="..."} 1.0
 """
 
@@ -21,7 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from kvwatch import __version__
-from kvwatch.catalog import FAMILIES, Bottleneck, Family, KvPressure
+from kvwatch.catalog import FAMILIES, Bottleneck, Confidence, Family, KvPressure
 from kvwatch.diagnose import Diagnosis
 from kvwatch.state import Target
 
@@ -98,5 +99,7 @@ def _add_engine(fams: dict[str, _Metric], labels: list[str], d: Diagnosis) -> No
         fams["kvwatch_lora_adapters"].add_metric([*labels, "waiting"], s.capacity.lora_waiting or 0)
     for b in Bottleneck:
         fams["kvwatch_bottleneck"].add_metric([*labels, b], 1.0 if d.bottleneck == b else 0.0)
+    for c in Confidence:
+        fams["kvwatch_diagnosis_confidence"].add_metric([*labels, c], 1.0 if d.confidence == c else 0.0)
     for r in d.recommendations:
         fams["kvwatch_recommendation"].add_metric([*labels, r.action], 1.0)

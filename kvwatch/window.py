@@ -31,6 +31,7 @@ __all__ = [
     "QueueSignals",
     "QUANTILES",
     "Signals",
+    "StreakPoint",
     "ThroughputSignals",
     "histogram_quantile",
     "summarize",
@@ -146,6 +147,19 @@ class KvSignals:
     seconds_to_full: float | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class StreakPoint:
+    """One sample of the current queue: what the rules read for a trend (a plateau, an admission, steady
+    prefill). ``prompt_tokens`` is the reset-corrected cumulative prefill count (computed tokens when vLLM
+    reports them), None when the engine exports none."""
+
+    t: float
+    running: float
+    waiting: float
+    kv: float | None
+    prompt_tokens: float | None
+
+
 @dataclass(slots=True)
 class QueueSignals:
     """Running and Waiting over the window."""
@@ -165,6 +179,8 @@ class QueueSignals:
     waiting_streak: int = 0  # the latest samples in a row with requests waiting
     waiting_recent_min: float | None = None  # > 0 when the queue persisted over the last RECENT samples
     waiting_mean: float | None = None
+    # The samples of waiting_streak, oldest first (not in the JSON: the diagnosis says what it read from them).
+    streak: tuple[StreakPoint, ...] = ()
 
 
 @dataclass(slots=True)
@@ -186,6 +202,7 @@ class ThroughputSignals:
     step_tokens_max: float | None = None  # the most one step in the window can have read (its bucket's bound)
     stalled_seconds: float = 0.0  # how long requests have been present with no token progress
     prefix_cache_hit_ratio: float | None = None
+    log_averages: bool = False  # the rates are a log's own interval averages (kvwatch logs), not counter rates
 
 
 @dataclass(slots=True)
@@ -223,6 +240,7 @@ class Measured:
     prefix_cache_hit_ratio: float | None = None
     engine_step_tokens: float | None = None
     steps_per_second: float | None = None
+    log_averages: bool | None = None
 
 
 @dataclass(slots=True)
@@ -246,7 +264,7 @@ class Signals:
         for part, renames in _JSON_NAMES.items():
             obj = getattr(self, part)
             for name in obj.__slots__:
-                if name in ("cache", "quantiles"):
+                if name in ("cache", "quantiles", "streak"):
                     continue
                 v = getattr(obj, name)
                 if v is not None:
@@ -374,7 +392,22 @@ def queue_signals(pts: list[Point]) -> QueueSignals:
             q.waiting_streak += 1
         if len(recent) >= RECENT:
             q.waiting_recent_min = min(p.gauges.get("requests_waiting", 0.0) for p in recent)
+        q.streak = _streak(pts[len(pts) - q.waiting_streak :]) if q.waiting_streak else ()
     return q
+
+
+def _streak(pts: list[Point]) -> tuple[StreakPoint, ...]:
+    key = "prompt_tokens_computed" if "prompt_tokens_computed" in pts[-1].counters else "prompt_tokens"
+    return tuple(
+        StreakPoint(
+            p.t,
+            p.gauges.get("requests_running", 0.0),
+            p.gauges.get("requests_waiting", 0.0),
+            p.gauges.get("kv_cache_usage_ratio"),
+            p.counters.get(key),
+        )
+        for p in pts
+    )
 
 
 def throughput_signals(pts: list[Point], measured: Measured) -> ThroughputSignals:

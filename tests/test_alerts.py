@@ -328,3 +328,31 @@ def test_check_refuses_rules_that_disagree_with_the_catalogue(tmp_path, monkeypa
         (tmp_path / name).write_text(text)
         monkeypatch.setattr(gen, "HERE", tmp_path)
         assert gen.vocabulary_problems(), name
+
+
+def test_check_refuses_a_page_on_the_diagnosis_without_the_confidence_gate(tmp_path, monkeypatch):
+    """Every critical alert that reads kvwatch's diagnosis requires confidence high or medium (issue 14); the SLO
+    burn, which reads none, is not held to it."""
+    import alerts.generate as gen
+
+    assert gen.page_problems() == []
+    assert gen.CONFIDENCE_GATE == 'kvwatch_diagnosis_confidence{confidence=~"high|medium"} == 1'
+    pages = [r for r in alert_rules() if r["labels"]["severity"] == "critical"]
+    gated = {r["alert"] for r in pages if gen.CONFIDENCE_GATE in " ".join(r["expr"].split())}
+    assert gated == {"KvwatchKVCacheAdmissionStall", "KvwatchKVCachePreempting", "KvwatchEngineStalled"}
+    assert {r["alert"] for r in pages} - gated == {"KvwatchTTFTBudgetBurn"}
+    alerts = (ALERTS / "kvwatch-alerts.yaml").read_text()
+    ungated = alerts.replace(
+        'kvwatch_bottleneck{bottleneck="stalled"} == 1\n'
+        "          and on (job, instance, target, model_name, engine)\n"
+        '          kvwatch_diagnosis_confidence{confidence=~"high|medium"} == 1',
+        'kvwatch_bottleneck{bottleneck="stalled"} == 1',
+    )
+    assert ungated != alerts
+    for f in gen.SOURCES + ("runbooks.md",):
+        (tmp_path / f).write_text((ALERTS / f).read_text())
+    (tmp_path / "kvwatch-alerts.yaml").write_text(ungated)
+    monkeypatch.setattr(gen, "HERE", tmp_path)
+    assert gen.page_problems() == [
+        f"KvwatchEngineStalled pages on kvwatch's diagnosis without requiring {gen.CONFIDENCE_GATE}"
+    ]

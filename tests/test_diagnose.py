@@ -4,11 +4,11 @@ import dataclasses
 
 import pytest
 
-from kvwatch.catalog import Action, Bottleneck
+from kvwatch.catalog import Action, Bottleneck, Confidence, Thresholds
 from kvwatch.diagnose import Hints, diagnose_engine
 from kvwatch.normalize import CacheConfig
 from kvwatch.state import Target
-from kvwatch.window import Signals
+from kvwatch.window import Signals, StreakPoint
 from tests.helpers.recordings import FIXTURES, captures, recording
 
 ACTIONS, BOTTLENECKS = list(Action), list(Bottleneck)
@@ -45,8 +45,14 @@ def test_each_capture_is_diagnosed_as_its_folder_says(scenario, with_hints):
         if e.signals.queue.waiting:
             waiting_moments += 1
             if e.signals.queue.waiting_streak < 2 and e.bottleneck == "none":
-                # A queue's first sample names no ceiling by elimination (no other limit is in sight yet).
+                # A queue's first sample names no ceiling (no other limit is in sight yet).
                 assert "just formed" in " ".join(e.evidence) and expected_while_waiting == "max_num_seqs"
+                continue
+            if not with_hints and expected_while_waiting == "max_num_seqs" and e.bottleneck == "none":
+                # Without the hint the ceiling is named on a Running plateau only, never by elimination: until
+                # Running has held its maximum over plateau_samples samples, none, and not with high confidence.
+                assert e.signals.queue.waiting_streak < 2 * Thresholds().plateau_samples, (d.timestamp, e.evidence)
+                assert e.confidence != Confidence.HIGH, e.evidence
                 continue
             assert e.bottleneck == expected_while_waiting, (d.timestamp, e.evidence)
         else:
@@ -79,15 +85,23 @@ def test_a_dipping_running_gauge_does_not_lower_the_inferred_ceiling():
     assert {d.engines[0].max_num_seqs for d in late} == {(4, "inferred")}
 
 
-def test_a_queue_is_not_blamed_on_an_inferred_ceiling_from_its_first_sample():
-    """The first sample with a queue says none ("just formed"); the next names the inferred ceiling."""
+def test_a_queue_is_not_blamed_on_an_inferred_ceiling_before_running_plateaus():
+    """The first sample with a queue says none ("just formed"); the next say no limit is identified (low
+    confidence) until Running has held its maximum over plateau_samples samples; then the inferred ceiling."""
     timeline = replay("max_num_seqs")
     i = next(i for i, d in enumerate(timeline) if d.engines[0].signals.queue.waiting)
-    first, second = timeline[i].engines[0], timeline[i + 1].engines[0]
+    n = Thresholds().plateau_samples
+    first, before, plateau = timeline[i].engines[0], timeline[i + 1 : i + n - 1], timeline[i + n - 1].engines[0]
     assert first.signals.queue.waiting_streak == 1 and first.bottleneck == "none"
     assert "a queue has just formed" in first.evidence[0] and first.max_num_seqs is None
-    assert second.signals.queue.waiting_streak == 2 and second.bottleneck == "max_num_seqs"
-    assert second.max_num_seqs == (2, "inferred")
+    for d in before:
+        e = d.engines[0]
+        assert e.bottleneck == "none" and e.confidence == Confidence.LOW and e.max_num_seqs is None
+        assert "requests wait, no limit identified" in e.evidence[0]
+    assert plateau.signals.queue.waiting_streak == n and plateau.bottleneck == "max_num_seqs"
+    assert plateau.max_num_seqs == (2, "inferred") and plateau.confidence == Confidence.MEDIUM
+    assert f"Running held at 2 in {n} of the last {n} samples" in plateau.evidence[0]
+    assert "ceiling inferred" in plateau.confidence_reason
 
 
 def test_max_num_seqs_is_inferred_without_hint_and_reported_as_such():
@@ -117,7 +131,23 @@ _PARTS = {
                                       "step_tokens_max")},
     **{k: ("capacity", k) for k in ("capacity_tokens", "mean_prompt_tokens", "mean_sequence_tokens",
                                     "estimated_max_concurrency", "cache")},
+    "streak": ("queue", "streak"), "prompt_tokens_per_second": ("throughput", "prompt_tokens_per_second"),
+    "generation_tokens_per_second": ("throughput", "generation_tokens_per_second"),
+    "log_averages": ("throughput", "log_averages"),
 }
+
+
+def streak(running, waiting, kv=None, prompt_per_s=0.0, dt=1.0):
+    """The queue's samples (what window.py keeps in QueueSignals.streak), oldest first, ``dt`` apart: Running
+    and Waiting per sample, KV usage (one value for all, or a list), prefill counted per second (one value for
+    every interval, or a list of them)."""
+    n = len(running)
+    kvs = kv if isinstance(kv, list) else [kv] * n
+    rates = prompt_per_s if isinstance(prompt_per_s, list) else [prompt_per_s] * (n - 1)
+    cum = [0.0]
+    for r in rates:
+        cum.append(cum[-1] + r * dt)
+    return tuple(StreakPoint(i * dt, float(running[i]), float(waiting[i]), kvs[i], cum[i]) for i in range(n))
 
 
 def _sig(**kw):
@@ -179,7 +209,11 @@ def test_json_document_shape():
     doc = replay("kv_cache")[20].as_dict()
     assert set(doc) >= {"timestamp", "target", "bottleneck", "engines"}
     e = doc["engines"][0]
-    assert set(e) >= {"model_name", "engine", "bottleneck", "evidence", "recommendations", "signals"}
+    assert set(e) >= {"model_name", "engine", "bottleneck", "confidence", "confidence_reason", "evidence",
+                      "recommendations", "signals"}
+    assert e["confidence"] in {str(c) for c in Confidence} and e["confidence_reason"]
+    assert e["evidence"][-1] == f"confidence {e['confidence']}: {e['confidence_reason']}"
+    assert "streak" not in e["signals"]  # the queue's samples stay inside kvwatch
     assert all(set(r) == {"action", "why"} for r in e["recommendations"])
     assert {"kv_cache_usage_ratio", "requests_running", "requests_waiting"} <= set(e["signals"])
     assert captures("kv_cache")  # the capture set is what the README says it is
@@ -187,13 +221,15 @@ def test_json_document_shape():
 
 def test_stray_arrivals_apart_do_not_name_a_ceiling_by_elimination():
     # Three samples with a queue in the window, but not in a row (Poisson arrivals): the latest one alone
-    # says "just formed"; only a queue that persists into a second sample in a row is blamed on max_num_seqs.
+    # says "just formed"; a queue in two samples in a row names no limit either: Running shows no plateau.
     stray = dict(requests_waiting=2.0, requests_running=6.0, kv_cache_usage_ratio=0.1, kv_usage_recent_max=0.1,
                  preemptions_per_second=0.0, running_mean=6.0, running_recent_max=6.0, running_max_waiting=6.0,
                  running_at_max_samples=3, waiting_samples=3, waiting_recent_min=0.0)
-    d = diagnose_engine(_sig(waiting_streak=1, **stray))
+    d = diagnose_engine(_sig(waiting_streak=1, streak=streak([6], [2], 0.1), **stray))
     assert d.bottleneck == "none" and "just formed" in d.evidence[0]
-    assert diagnose_engine(_sig(waiting_streak=2, **stray)).bottleneck == "max_num_seqs"
+    d = diagnose_engine(_sig(waiting_streak=2, streak=streak([6, 6], [2, 2], 0.1, 300.0), **stray))
+    assert d.bottleneck == "none" and d.max_num_seqs is None and d.confidence == Confidence.LOW
+    assert "requests wait, no limit identified" in d.evidence[0]
 
 
 def test_no_ceiling_by_elimination_while_no_engine_step_ends():
@@ -211,8 +247,11 @@ def test_no_ceiling_by_elimination_while_no_engine_step_ends():
     assert diagnose_engine(first).bottleneck == "token_budget"
     # a configured ceiling that Running reached is named without step data, as before
     assert diagnose_engine(_sig(steps_per_second=0.0, **queue), Hints(max_num_seqs=1)).bottleneck == "max_num_seqs"
-    # no step histogram at all (steps unknown, not zero): by elimination, as before
-    assert diagnose_engine(_sig(**queue)).bottleneck == "max_num_seqs"
+    # no step histogram at all (steps unknown, not zero): Running 1 is no plateau (no slot turned over), so no
+    # limit is named (it was max_num_seqs by elimination before issue 14)
+    one = streak([1, 1, 1], [119, 119, 119], 0.03, 0.0)
+    d = diagnose_engine(_sig(streak=one, **queue))
+    assert d.bottleneck == "none" and d.confidence == Confidence.LOW and "no limit identified" in d.evidence[0]
 
 
 def test_no_ceiling_by_elimination_while_one_step_could_make_the_steps_full():
@@ -227,8 +266,36 @@ def test_no_ceiling_by_elimination_while_one_step_could_make_the_steps_full():
     assert d.bottleneck == "none" and d.max_num_seqs is None and "within one step" in d.evidence[0], d.evidence
     full = _sig(engine_step_tokens=201.0, steps_per_second=3.0, step_tokens_max=2048.0, **queue)
     assert diagnose_engine(full, Hints(max_num_batched_tokens=256)).bottleneck == "token_budget"
-    # a real sequence ceiling: decode steps of ~12 tokens and a 300-token prompt's end now and then
+    # a real sequence ceiling: decode steps of ~12 tokens and a 300-token prompt's end now and then, Running held
+    # at 4 (a dip to 3) while the queue persisted and prompts were admitted
     seqs = _sig(engine_step_tokens=12.0, steps_per_second=8.0, step_tokens_max=512.0,
+                streak=streak([4, 4, 3, 4, 4], [108, 104, 100, 96, 92], 0.12, 600.0),
                 **(queue | dict(requests_running=4.0, running_mean=3.6, running_recent_max=4.0, running_max_waiting=4.0)))
     d = diagnose_engine(seqs)
     assert d.bottleneck == "max_num_seqs" and d.max_num_seqs == (4, "inferred")
+
+
+def test_a_configured_ceiling_reached_is_seen_not_inferred():
+    """With --max-num-seqs 2, every moment Running reaches 2 while requests wait is max_num_seqs of high confidence
+    (the ceiling observed), not the medium of a peak near it or the inferred plateau."""
+    reached = [d.engines[0] for d in replay("max_num_seqs", HINTS["max_num_seqs"])
+               if d.engines[0].signals.queue.waiting and (d.engines[0].signals.queue.running_recent_max or 0) >= 2]
+    assert len(reached) >= 8
+    for e in reached:
+        assert e.bottleneck == "max_num_seqs" and e.confidence == Confidence.HIGH, e.evidence
+        assert e.evidence[0].endswith("while Running is at max_num_seqs=2 (configured)")
+        assert e.max_num_seqs == (2, "configured") and e.confidence_reason == "Running at the configured max_num_seqs"
+
+
+def test_one_request_waiting_briefly_is_none_with_medium_confidence():
+    """Poisson traffic leaves a request between arrival and admission now and then: not a queue (medium), unlike a
+    queue that persists with no limit seen (low)."""
+    brief = dict(requests_waiting=1.0, requests_running=6.0, kv_cache_usage_ratio=0.1, kv_usage_recent_max=0.1,
+                 preemptions_per_second=0.0, running_mean=6.0, running_recent_max=6.0, running_max_waiting=6.0,
+                 waiting_samples=2, waiting_streak=2, waiting_recent_min=0.0)
+    d = diagnose_engine(_sig(streak=streak([6, 6], [1, 1], 0.1, 300.0), **brief))
+    assert d.bottleneck == "none" and d.confidence == Confidence.MEDIUM
+    assert d.evidence[0] == "1 request waiting briefly; no limit binding"
+    persisting = brief | dict(waiting_recent_min=1.0, waiting_streak=3)
+    d = diagnose_engine(_sig(streak=streak([6, 6, 6], [1, 1, 1], 0.1, 300.0), **persisting))
+    assert d.bottleneck == "none" and d.confidence == Confidence.LOW and "no limit identified" in d.evidence[0]

@@ -43,6 +43,14 @@ V1_08 = (
 )
 
 
+# vllm/v1/metrics/loggers.py LoggingStatLogger._log_iteration_details (0.33, commit 00ec631b), with
+# --enable-logging-iteration-details: prefix, index, context requests/tokens, generation requests/tokens, elapsed
+# ms, " (dummy)" or "", the KV device, KV usage, and the encoder suffix or "".
+ITERATION = ("%sIteration(%d): %d context requests, %d context tokens, %d generation requests, %d generation tokens, "
+             "iteration elapsed time: %.2f ms%s, %s KV cache usage: %.1f%%%s")
+ENCODER = ", encoder inputs: %d, encoder output embeddings: %d"
+
+
 def v1_032(engine, prompt, gen, running, waiting, kv, *, deferred=0, kv_fetch=None, preemptions=0, device="GPU",
            prefix=None, external=None, mm=None):
     """vllm/v1/metrics/loggers.py LoggingStatLogger.log in 0.32: optional parts in their order."""
@@ -197,8 +205,11 @@ def test_engines_are_separate_series():
     by = {}
     for r in s.results:
         by.setdefault(r.record.engine, []).append(r.diagnosis)
-    assert [d.bottleneck for d in by["000"]] == ["max_num_seqs"] * 3
+    # one record is no plateau (issue 14: no ceiling by elimination); two at Running's maximum are
+    assert [d.bottleneck for d in by["000"]] == ["none", "max_num_seqs", "max_num_seqs"]
+    assert by["000"][0].confidence == "low" and "no limit identified" in by["000"][0].evidence[0]
     assert by["000"][2].max_num_seqs == (32, "inferred") and "inferred max_num_seqs=32" in by["000"][2].evidence[0]
+    assert "in 2 of the last 2 samples" in by["000"][2].evidence[0] and by["000"][2].confidence == "medium"
     assert [d.bottleneck for d in by["001"]] == ["none"] * 3
 
 
@@ -295,8 +306,8 @@ def test_engine_config_line_gives_version_model_dtype_and_prefix_caching():
 EXPECTED = {
     "v0_llm_engine.log": ["none", "kv_cache", "kv_cache", "kv_cache"],
     "v0_metrics.log": ["none", "kv_cache", "kv_cache", "kv_cache", "kv_cache"],
-    "v1_0.7.log": ["none", "max_num_seqs"],
-    "v1_0.8.log": ["max_num_seqs"] * 4 + ["none"],
+    "v1_0.7.log": ["none", "none"],  # one record with a queue: no plateau (was max_num_seqs by elimination)
+    "v1_0.8.log": ["none"] + ["max_num_seqs"] * 3 + ["none"],  # the first queued record: no plateau yet
     "v1_dp2_preemptions.log": ["none", "none", "kv_cache", "none", "kv_cache", "none"],
     "v1_0.32_xpu_kv_fetch.log": ["none", "none", "none"],
     "v1_0.32_iteration_details.log": ["token_budget"] * 3,
@@ -330,6 +341,36 @@ def test_iteration_details_give_tokens_per_step():
     bare = [line for line in lines if "non-default args" not in line and "Chunked prefill" not in line]
     d = read(bare).results[0].diagnosis
     assert d.bottleneck == "token_budget" and d.max_num_batched_tokens == (256, "inferred")
+
+
+def test_iteration_detail_lines_of_033_dummy_steps_and_encoder_inputs():
+    """Every variant _log_iteration_details prints: a DP padding step (dummy) schedules nothing and is not a
+    step; the encoder suffix of a multimodal step does not hide the line."""
+    steps = [ITERATION % ("Engine 000: ", 1, 1, 2000, 3, 3, 61.5, "", "GPU", 40.0, ""),
+             ITERATION % ("Engine 000: ", 2, 1, 1900, 3, 3, 60.1, "", "GPU", 41.0, ENCODER % (2, 1152)),
+             ITERATION % ("Engine 000: ", 3, 0, 0, 0, 0, 0.40, " (dummy)", "GPU", 41.0, "")]
+    lines = [v1(1, m, where="loggers.py:254") for m in steps]
+    lines.append(v1(10, v1_032(0, 400.0, 30.0, 4, 12, 0.41, prefix=0.0)))
+    d = read(lines, Hints(max_num_batched_tokens=2048)).results[0].diagnosis
+    assert d.signals.throughput.engine_step_tokens == (2003 + 1903) / 2  # two steps: the dummy one is not counted
+    assert d.bottleneck == "token_budget" and d.confidence == "high"
+
+
+def test_iteration_detail_lines_feed_an_aggregated_stats_line():
+    """--aggregate-engine-logging sums the engines in one stats line while each step line names its engine
+    (_log_prefix_for_engine): the record gets every engine's steps."""
+    lines = []
+    for i in range(4):
+        for eng in (0, 1):
+            lines.append(v1(1, ITERATION % (f"Engine {eng:03d}: ", i, 1, 1020, 8, 8, 30.0, "", "GPU", 30.0, ""),
+                            where="loggers.py:254"))
+    lines.append(v1(10, "2 Engines Aggregated: Avg prompt throughput: 800.0 tokens/s, Avg generation throughput: "
+                        "64.0 tokens/s, Running: 20 reqs, Waiting: 9 reqs, GPU KV cache usage: 30.0%"))
+    r = read(lines, Hints(max_num_batched_tokens=1024)).results[0]
+    assert r.record.engine == "aggregated"
+    assert r.diagnosis.signals.throughput.engine_step_tokens == 1028
+    assert r.diagnosis.signals.throughput.steps_per_second == pytest.approx(8 / 10)
+    assert r.diagnosis.bottleneck == "token_budget"
 
 
 def test_stalled_engine_then_restart():

@@ -99,10 +99,12 @@ def test_max_num_seqs_run_uses_the_logged_flag_else_infers_it(tmp_path):
 
     bare = stats_lines_only("max_num_seqs", tmp_path)
     recs = records(bare)
-    assert recs[0]["bottleneck"] == "max_num_seqs"
-    assert recs[0]["max_num_seqs"] == {"value": 2, "source": "inferred"}
-    assert any("pass --max-num-seqs to confirm" in e for e in recs[0]["notes"])
+    # One stats line with a queue, no flag: no plateau, so no ceiling (issue 14: it was inferred by elimination)
+    assert recs[0]["bottleneck"] == "none" and recs[0]["max_num_seqs"] is None
+    assert recs[0]["confidence"] == "low" and "requests wait, no limit identified" in recs[0]["evidence"][0]
+    assert "max_num_seqs (pass --max-num-seqs)" in " ".join(recs[0]["evidence"])
     recs = records(bare, "--max-num-seqs", 2)
+    assert recs[0]["bottleneck"] == "max_num_seqs" and recs[0]["confidence"] == "high"
     assert recs[0]["max_num_seqs"] == {"value": 2, "source": "configured"}
     assert "max_num_seqs=2 from the command line" in recs[0]["notes"]
 

@@ -146,6 +146,8 @@ class RecordResult:
             "prefix_cache_hit_ratio": None if r.prefix_cache_hit_ratio is None else round(r.prefix_cache_hit_ratio, 4),
             "preemptions": self.preemptions,
             "bottleneck": d.bottleneck,
+            "confidence": d.confidence,
+            "confidence_reason": d.confidence_reason,
             "kv_cache_pressure": d.kv_pressure,
             "recommendations": [{"action": x.action, "why": x.why} for x in d.recommendations],
             "evidence": list(d.evidence),
@@ -189,8 +191,9 @@ class LogAnalyzer:
     def __init__(self, hints: Hints = Hints(), thresholds: Thresholds = Thresholds()):
         self.cli_hints = hints
         # A stats line stands for 10 s, far longer than the step by which KV usage lags admission:
-        # one line with a queue is enough to name a limit.
-        self.thresholds = replace(thresholds, min_queue_samples=1)
+        # one line with a queue is enough to name a limit, and two lines at Running's maximum are a plateau
+        # (the history holds three).
+        self.thresholds = replace(thresholds, min_queue_samples=1, plateau_samples=2)
         self.config = ServerConfig()
         self.configs: list[ServerConfig] = [self.config]  # one per server start seen in the log
         self.engines: dict[str, _Engine] = {}
@@ -356,13 +359,13 @@ class LogAnalyzer:
             return n
         return None
 
-    @staticmethod
-    def _measured(rec: StatsRecord, e: _Engine, interval: float, preemptions: int | None) -> Measured:
+    def _measured(self, rec: StatsRecord, e: _Engine, interval: float, preemptions: int | None) -> Measured:
         """The record's own 10 s averages (and the iteration-detail lines since this engine's last record),
         not rates of the history's counters."""
-        steps = e.steps - e.steps_at_last
-        step_tokens = e.step_tokens - e.step_tokens_at_last
-        e.steps_at_last, e.step_tokens_at_last = e.steps, e.step_tokens
+        total_steps, total_tokens = self._step_totals(rec, e)
+        steps = total_steps - e.steps_at_last
+        step_tokens = total_tokens - e.step_tokens_at_last
+        e.steps_at_last, e.step_tokens_at_last = total_steps, total_tokens
         return Measured(
             prompt_tokens_per_second=rec.prompt_tokens_per_second,
             generation_tokens_per_second=rec.generation_tokens_per_second,
@@ -370,7 +373,17 @@ class LogAnalyzer:
             prefix_cache_hit_ratio=rec.prefix_cache_hit_ratio,
             engine_step_tokens=step_tokens / steps if steps > 0 else None,
             steps_per_second=steps / interval if steps > 0 else None,
+            log_averages=True,
         )
+
+    def _step_totals(self, rec: StatsRecord, e: _Engine) -> tuple[float, float]:
+        """Steps and their tokens from the iteration-detail lines so far: this engine's, or with
+        --aggregate-engine-logging every engine's (vLLM prefixes each step line with its own engine,
+        loggers.py _log_iteration_details, while the stats line sums them)."""
+        if rec.engine != "aggregated":
+            return e.steps, e.step_tokens
+        per = [x for key, x in self.engines.items() if key.isdigit()]
+        return sum(x.steps for x in per), sum(x.step_tokens for x in per)
 
     def _hints(self, rec: StatsRecord) -> Hints:
         c, cli = self.config, self.cli_hints
@@ -466,7 +479,7 @@ class LogAnalyzer:
                 "the log shows no --max-num-seqs (no start-up arguments, or it was left at its default): "
                 "inferred from Running; pass --max-num-seqs to confirm"
             )
-        if d.bottleneck == Bottleneck.TOKEN_BUDGET and hints.max_num_batched_tokens:
+        if d.bottleneck == Bottleneck.TOKEN_BUDGET and hints.max_num_batched_tokens and s.throughput.engine_step_tokens:
             src = self.hint_source("max_num_batched_tokens")
             notes.append(
                 f"tokens per step from vLLM's iteration-detail lines; max_num_batched_tokens="
@@ -533,8 +546,8 @@ class LogAnalyzer:
         if not any(e.has_steps for e in self.engines.values()):
             out.append(
                 "tokens per engine step: stats lines do not carry them, so a binding max_num_batched_tokens "
-                "shows only as requests waiting with KV and sequence room (vLLM logs steps with "
-                "--enable-logging-iteration-details)"
+                "is inferred only from prefill steady at its maximum while requests wait with KV and sequence "
+                "room, confidence low (vLLM logs steps with --enable-logging-iteration-details)"
             )
         out.append("sequence lengths: not in stats lines, so the KV cache's capacity in sequences is not estimated")
         out.append(

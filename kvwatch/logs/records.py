@@ -18,9 +18,18 @@ Stats lines (format strings from vLLM's source; ``%%`` shown as ``%``):
   (each only when non-zero), the KV field named after the device (``CPU``, ``XPU``, ``GPU``), the prefix
   field left out until the prefix cache has seen a query, then optional ``External prefix cache hit
   rate``, ``MM cache hit rate``, ``Corrupted``. ``--aggregate-engine-logging`` prefixes ``%d Engines
-  Aggregated: ``. ``--enable-logging-iteration-details`` (0.32) logs each step as ``Engine %03d:
-  Iteration(%d): %d context requests, %d context tokens, %d generation requests, %d generation tokens,
-  iteration elapsed time: %.2f ms, <DEV> KV cache usage: %.1f%``: the only per-step token counts a log has.
+  Aggregated: ``. ``--enable-logging-iteration-details`` (0.32) logs each step, from
+  ``LoggingStatLogger._log_iteration_details`` (vllm/v1/metrics/loggers.py, read at commit 00ec631b, 0.33)::
+
+    "%sIteration(%d): %d context requests, %d context tokens, %d generation requests, %d generation tokens, "
+    "iteration elapsed time: %.2f ms%s, %s KV cache usage: %.1f%%%s"
+
+  with the prefix ``Engine %03d: `` of the engine that ran the step (also under ``--aggregate-engine-logging``,
+  whose stats line sums the engines), `` (dummy)`` after the time for a DP padding step, the device name before
+  ``KV cache usage``, and ``, encoder inputs: %d, encoder output embeddings: %d`` at the end for a multimodal
+  step. The counts are the scheduler's for that step (``SchedulerIterationDetails``, vllm/v1/metrics/stats.py):
+  context tokens are the prefill chunk scheduled, generation tokens the decodes: the only per-step token
+  counts a log has, and exact ones (/metrics' iteration_tokens_total counts a prompt whole at its last chunk).
   (The real 0.32 CPU log in tests/fixtures printed no ``Preemptions`` field in a run whose /metrics
   counted 78 preemptions: a missing field is read as "unknown", not as 0.)
 

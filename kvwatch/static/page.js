@@ -320,7 +320,8 @@
 
   function confidence(e, series) {
     const sig = e.signals;
-    const parts = [];
+    // kvwatch's own confidence first (diagnose.py), then how long the verdict has held and what it rests on.
+    const parts = e.confidence ? [e.confidence + (e.confidence_reason ? " (" + e.confidence_reason + ")" : "")] : [];
     const held = heldFor(series, e.bottleneck);
     if (held) parts.push("held " + span(held.seconds) + " (" + held.samples + (held.samples === 1 ? " scrape)" : " scrapes)"));
     parts.push("window " + sig.samples + " samples over " + span(sig.span_seconds || 0));

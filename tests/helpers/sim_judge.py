@@ -1,0 +1,70 @@
+"""Judging a simulator preset's diagnoses: each phase visit is named as expected within its lag and stays so.
+
+Shared by tests/test_sim_diagnosis.py (kvwatch run over HTTP, real time, no hints) and
+tests/test_sim_hints.py (the same presets in simulated time, with and without hints).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvwatch.catalog import Thresholds
+
+__all__ = ["CASES", "Poll", "judge"]
+
+# Without a hint kvwatch names the sequence ceiling on a Running plateau only (never by elimination): the queue must
+# have been seen in plateau_samples 1-s scrapes, after kvwatch's first scrape of the simulator and the scrape's
+# phase against the simulator's clock (up to a second each).
+PLATEAU_LAG = Thresholds().plateau_samples + 3.0
+
+# preset: (speed, {phase: (expected bottleneck, allowed lag in simulated seconds)})
+CASES = {
+    "idle": (1.0, {"idle": ("idle", 6.0)}),
+    "healthy": (1.0, {"healthy": ("none", 6.0)}),
+    "kv_cache": (1.0, {"kv_cache": ("kv_cache", 6.0)}),
+    "max_num_seqs": (1.0, {"max_num_seqs": ("max_num_seqs", PLATEAU_LAG)}),
+    "token_budget": (1.0, {"token_budget": ("token_budget", 6.0)}),
+    # kvwatch calls a target stalled after max(5 s, 3 intervals) without token progress
+    "stalled": (1.0, {"serving": ("none", 6.0), "stalled": ("stalled", 10.0)}),
+    # The tour in real time too: each phase is judged with the previous one still in kvwatch's
+    # 10 s window (max_num_seqs follows recovery's decaying preemption rate; token_budget's mean
+    # tokens per step must climb from max_num_seqs' ~64).
+    "tour": (1.0, {"healthy": ("none", 6.0), "kv_cache": ("kv_cache", 6.0), "recovery": ("none", 6.0),
+                   "max_num_seqs": ("max_num_seqs", PLATEAU_LAG), "token_budget": ("token_budget", 10.0)}),
+}
+
+
+@dataclass
+class Poll:
+    sim_time: float
+    phase: str
+    phase_start: float
+    bottleneck: str
+    running: float | None = None
+    waiting: float | None = None
+    kv: float | None = None
+    preempt: float | None = None
+    step_tokens: float | None = None
+
+
+def judge(preset: str, polls: list[Poll], speed: float, expected: dict) -> int:
+    """Assert every phase visit long enough to judge; return how many were judged."""
+    seen_phases = {p.phase for p in polls}
+    assert set(expected) <= seen_phases, f"{preset}: phases seen {seen_phases}"
+    checked = 0
+    for phase, (want, lag) in expected.items():
+        in_phase = [p for p in polls if p.phase == phase]
+        for start in sorted({p.phase_start for p in in_phase}):  # each visit (the tour loops)
+            visit = [p for p in in_phase if p.phase_start == start]
+            if visit[-1].sim_time - start < lag + 2 * speed:
+                continue  # the observation ended during this visit
+            checked += 1
+            trace = [(round(p.sim_time - start, 1), p.bottleneck) for p in visit]
+            first = next((p for p in visit if p.bottleneck == want), None)
+            assert first is not None, f"{preset}/{phase}: never diagnosed {want}: {trace}"
+            if visit[0].sim_time - start <= 2 * speed:  # watched from its start (not before kvwatch was up)
+                assert first.sim_time - start <= lag, f"{preset}/{phase}: {want} only after {first.sim_time - start:.1f} s: {trace}"
+            settled = [p for p in visit if p.sim_time - start > lag]
+            wrong = [p for p in settled if p.bottleneck != want]
+            assert len(wrong) <= max(1, len(settled) // 10), f"{preset}/{phase}: {trace}"
+    return checked

@@ -1,0 +1,60 @@
+"""Every simulator preset is diagnosed as named with and without hints, in simulated time.
+
+The same presets and judgement as tests/test_sim_diagnosis.py (which runs a real ``kvwatch run`` over HTTP in
+real time, without hints), but in process: the simulator is advanced one simulated second at a time, its
+/metrics body (``kvwatch.sim.exposition.render``, what ``kvwatch sim`` serves) is parsed and diagnosed by
+kvwatch's ``Target`` at the simulator's clock. With hints, kvwatch is given the preset's own
+``--max-num-seqs``, ``--max-num-batched-tokens`` and ``--max-model-len``, as a user who knows the server would.
+Deterministic (seed 11, as the HTTP test); one simulation per preset serves both targets.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+from kvwatch.diagnose import Hints
+from kvwatch.sim.exposition import render
+from kvwatch.sim.scenario import load_scenario
+from kvwatch.sim.simulator import Simulator
+from kvwatch.state import Target
+from tests.helpers.sim_judge import CASES, Poll, judge
+
+SECONDS = {"tour": 118.0}  # one full cycle (107 s) and the start of the next; the others as the HTTP test
+SINGLE_STATE_SECONDS = 24.0
+
+
+@functools.cache  # one simulation per preset, diagnosed by both targets
+def observe(preset: str) -> dict[bool, list[Poll]]:
+    scenario = load_scenario(preset)
+    cfg = scenario.phases[0].engine
+    targets = {
+        False: Target(f"sim://{preset}"),
+        True: Target(f"sim://{preset}", hints=Hints(cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_model_len)),
+    }
+    sim = Simulator(scenario, seed=11, wall_start=1.8e9)
+    polls: dict[bool, list[Poll]] = {False: [], True: []}
+    for k in range(1, int(SECONDS.get(preset, SINGLE_STATE_SECONDS)) + 1):
+        sim.advance_to(float(k))
+        body = render(sim)
+        for hinted, target in targets.items():
+            target.observe_body(sim.virtual_time, body)
+            (engine,) = target.diagnose(sim.virtual_time).engines
+            polls[hinted].append(Poll(sim.now, sim.phase_name, sim.phase_start, engine.bottleneck))
+    return polls
+
+
+@pytest.mark.parametrize("hinted", [False, True], ids=["no-hints", "hints"])
+@pytest.mark.parametrize("preset", list(CASES))
+def test_preset_is_diagnosed_as_named_with_and_without_hints(preset, hinted):
+    speed, expected = CASES[preset]
+    assert judge(preset, observe(preset)[hinted], speed, expected) >= len(expected)
+
+
+def test_every_preset_but_the_tour_keeps_one_engine_config():
+    """The hints are the preset's flags: a preset whose phases changed them could not be hinted once."""
+    for preset in CASES:
+        s = load_scenario(preset)
+        flags = {(p.engine.max_num_seqs, p.engine.max_num_batched_tokens, p.engine.max_model_len) for p in s.phases}
+        assert len(flags) == 1, (preset, flags)
