@@ -103,6 +103,19 @@ def is_builtin(doc: dict) -> bool:
     return "." not in group or group.endswith(".k8s.io")
 
 
+def resolved_env(container: dict, docs: list[dict]) -> dict[str, str]:
+    """The container's env as the kubelet gives it: values, and ConfigMap keys looked up in the rendered ``docs``."""
+    configmaps = {d["metadata"]["name"]: d.get("data", {}) for d in docs if d["kind"] == "ConfigMap"}
+    env = {}
+    for e in container["env"]:
+        if "value" in e:
+            env[e["name"]] = e["value"]
+        else:
+            ref = e["valueFrom"]["configMapKeyRef"]
+            env[e["name"]] = configmaps[ref["name"]][ref["key"]]
+    return env
+
+
 def pod_templates(docs: list[dict]) -> list[tuple[str, dict]]:
     out = []
     for d in docs:
@@ -482,15 +495,8 @@ def test_kvwatch_runs_with_the_manifest_env_and_answers_the_probes(tmp_path):
     """The real kvwatch, given exactly the sidecar's env (ConfigMap values resolved), accepts every setting
     and serves the probe paths with 200 while its vLLM target is unreachable."""
     docs = render(EXAMPLE)
-    configmaps = {d["metadata"]["name"]: d.get("data", {}) for d in docs if d["kind"] == "ConfigMap"}
     kv = kvwatch_container(example_deployment()["spec"]["template"])
-    env = {}
-    for e in kv["env"]:
-        if "value" in e:
-            env[e["name"]] = e["value"]
-        else:
-            ref = e["valueFrom"]["configMapKeyRef"]
-            env[e["name"]] = configmaps[ref["name"]][ref["key"]]
+    env = resolved_env(kv, docs)
     assert {k: env[k] for k in SCHEDULER_ENV} == {
         "KVWATCH_MAX_NUM_SEQS": "128", "KVWATCH_MAX_NUM_BATCHED_TOKENS": "8192", "KVWATCH_MAX_MODEL_LEN": "8192"}
     # Loopback only in tests: a closed port stands in for vLLM (still loading); --listen overrides the
@@ -769,7 +775,6 @@ def test_kvwatch_with_the_web_config_component_serves_probes_openly_and_metrics_
     """The real kvwatch with the rendered sidecar's env and the Secrets' files: the probes answer over HTTPS without
     credentials, /metrics only with the password, and the certificate verifies for the PodMonitor's serverName."""
     docs = render(WITH_WEB_CONFIG)
-    configmaps = {d["metadata"]["name"]: d.get("data", {}) for d in docs if d["kind"] == "ConfigMap"}
     template = _web_config_template()
     kv = kvwatch_container(template)
     ca = Ca(tmp_path / "ca")
@@ -777,13 +782,7 @@ def test_kvwatch_with_the_web_config_component_serves_probes_openly_and_metrics_
     password = "scrape-password-2718"
     _, text = _rendered_web_config()
     local = _lay_out_secrets(tmp_path / "etc", text, leaf, bcrypt.hashpw(password.encode(), bcrypt.gensalt(10)).decode())
-    env = {}
-    for e in kv["env"]:
-        if "value" in e:
-            env[e["name"]] = e["value"]
-        else:
-            ref = e["valueFrom"]["configMapKeyRef"]
-            env[e["name"]] = configmaps[ref["name"]][ref["key"]]
+    env = resolved_env(kv, docs)
     env["KVWATCH_WEB_CONFIG_FILE"] = str(local)
     env["KVWATCH_TARGET"] = f"http://127.0.0.1:{free_port()}/metrics"  # vLLM still loading
     (pm,) = [d for d in docs if d["kind"] == "PodMonitor" and d["metadata"]["name"] == "kvwatch"]
