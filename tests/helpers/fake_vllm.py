@@ -25,7 +25,7 @@ never-resetting server - as a vLLM under constant load would look. Gauges are se
 
 ``mode``: ``ok`` (the body; gzipped when the client accepts it if ``gzip_when_accepted``, as vLLM's
 prometheus_client app does), ``status`` (``status``, default 500), ``slow`` (the body after ``delay`` s),
-``drip`` (headers at once, then a byte every 50 ms), ``truncate``, ``garbage``, ``html``, ``gzip`` (always),
+``drip`` (headers at once, then 200 bytes over ``delay`` seconds), ``truncate``, ``garbage``, ``html``, ``gzip`` (always),
 ``bomb`` (256 MiB of zeros in ~250 KiB of gzip), ``huge`` (20 MB of comment lines), ``metadata_only``.
 Every request is counted: ``requests``, ``arrivals`` (``time.monotonic()``), ``auth_headers``.
 ``handle`` is the ``/metrics`` handler, for an app serving several fakes (bench/server.py).
@@ -126,9 +126,9 @@ class FakeVllm:
         if mode == "drip":  # headers at once, then a byte at a time: only an overall deadline catches it
             resp = web.StreamResponse()
             await resp.prepare(request)
-            for ch in self.next_body()[:200]:
+            for ch in self.next_body()[:200]:  # 200 bytes over ``delay`` seconds
                 await resp.write(ch.encode())
-                await asyncio.sleep(0.05)
+                await asyncio.sleep(self.delay / 200)
             return resp
         if mode == "truncate":
             body = self.next_body()
