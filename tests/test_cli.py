@@ -150,7 +150,9 @@ async def test_record_then_replay(tmp_path):
         assert all(float(f.name[:-5]) > 1.7e9 for f in files)
         assert files[0].read_text() == up.bodies[12]
 
-    proc = await start("diagnose", "--replay", str(tmp_path), "--json")
+    # The run's own --max-num-seqs 2 (its config.txt) as the hint: the replay is then judged on every snapshot, not on
+    # how many a loaded machine recorded (without it, max_num_seqs needs a plateau of several: CI under load once read none).
+    proc = await start("diagnose", "--replay", str(tmp_path), "--max-num-seqs", "2", "--json")
     out, err = await asyncio.wait_for(proc.communicate(), 30)
     assert proc.returncode == 0, err
     doc = json.loads(out)
