@@ -41,6 +41,10 @@ _SUFFIXES = {
 }
 
 _NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+# The format separates tokens by blanks and tabs only (str.split() would also split on U+0085, U+3000, ...).
+_BLANKS = re.compile(r"[ \t]+")
+_NAME_TOKEN = re.compile(r"[^{ \t]*")
+_LABEL_SET = re.compile(r'\{((?:[^"}\n]|"(?:[^"\\\n]|\\.)*")*)\}')
 _LABEL = re.compile(r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\\n]|\\.)*)"[ \t]*(,?)')
 _ESCAPE = re.compile(r"\\(.)")
 _HELP_ESCAPE = re.compile(r"\\([\\n])")
@@ -94,7 +98,10 @@ def _parse_labels(text: str, lineno: int) -> dict[str, str]:
     if labels is not None:
         return labels
     if _PLAIN_LABELSET.fullmatch(text):
-        labels = dict(_PLAIN_PAIR.findall(text))
+        pairs = _PLAIN_PAIR.findall(text)
+        labels = dict(pairs)
+        if len(labels) != len(pairs) or "__name__" in labels:
+            raise ParseError(lineno, f"duplicate label name in {{{text}}}")
     else:
         labels = _parse_labels_slow(text, lineno)
     if len(_LABEL_CACHE) >= _LABEL_CACHE_MAX:
@@ -112,6 +119,8 @@ def _parse_labels_slow(text: str, lineno: int) -> dict[str, str]:
             if text[pos:].strip() == "":
                 break
             raise ParseError(lineno, f"bad label set {{{text}}}")
+        if m.group(1) in labels or m.group(1) == "__name__":  # the name is given before the braces
+            raise ParseError(lineno, f"duplicate label name in {{{text}}}")
         labels[m.group(1)] = _unescape(m.group(2))
         pos = m.end()
         if not m.group(3) and text[pos:].strip():
@@ -120,6 +129,9 @@ def _parse_labels_slow(text: str, lineno: int) -> dict[str, str]:
 
 
 def _parse_float(text: str, lineno: int) -> float:
+    # float() also takes "1_000" and surrounding Unicode whitespace; Prometheus's parser takes neither.
+    if "_" in text or text != text.strip():
+        raise ParseError(lineno, f"bad value {text!r}")
     try:
         return float(text)
     except ValueError:
@@ -127,20 +139,22 @@ def _parse_float(text: str, lineno: int) -> float:
 
 
 def _parse_sample(line: str, lineno: int) -> Sample:
-    brace = line.find("{")
-    if brace >= 0:
-        name = line[:brace].strip()
-        # Label values may contain '}', so find the closing brace after the last quote.
-        close = line.rfind("}")
-        if close < brace:
-            raise ParseError(lineno, "unclosed label set")
-        labels = _parse_labels(line[brace + 1 : close], lineno)
-        rest = line[close + 1 :].split()
-    else:
-        parts = line.split()
-        name, rest, labels = parts[0], parts[1:], {}
+    line = line.strip()  # leading and trailing whitespace is ignored (a CRLF line's \r too)
+    name = _NAME_TOKEN.match(line).group()  # type: ignore[union-attr]  # the pattern matches "" at least
     if not _NAME.fullmatch(name):
         raise ParseError(lineno, f"bad metric name {name!r}")
+    pos = len(name)
+    while line[pos : pos + 1] in (" ", "\t"):
+        pos += 1
+    labels: dict[str, str] = {}
+    if line.startswith("{", pos):
+        # The label set ends at the first '}' outside a quoted value (an exemplar's may follow).
+        m = _LABEL_SET.match(line, pos)
+        if m is None:
+            raise ParseError(lineno, "unclosed label set")
+        labels = _parse_labels(m.group(1), lineno)
+        pos = m.end()
+    rest = [t for t in _BLANKS.split(line[pos:]) if t]
     if len(rest) not in (1, 2):
         raise ParseError(lineno, "expected a value and an optional timestamp")
     value = _parse_float(rest[0], lineno)
@@ -165,7 +179,7 @@ def _family_of(sample_name: str, fam: Family | None) -> bool:
 # '}', as _parse_sample takes them), a value and an optional timestamp separated by spaces or tabs.
 # Any line this does not match (other spacing, a malformed line) goes through _parse_sample, which
 # decides exactly as before and reports the error with its line number.
-_SAMPLE_LINE = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{([^\n]*)\})?[ \t]+([^\s{}]+)(?:[ \t]+([^\s{}]+))?[ \t]*\n")
+_SAMPLE_LINE = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{([^\n]*)\})?[ \t]+([^\s{}_]+)(?:[ \t]+([^\s{}_]+))?[ \t]*\n")
 # Per skipped family (name, type): a pattern that consumes, in C, the run of lines that belong to
 # it (and blank or whitespace-only lines). A line belongs when its name token -- the text before its
 # first '{', else before its first ' ', else all but its last character, as the per-line check reads
@@ -210,8 +224,8 @@ def _block_patterns(fam: Family) -> tuple[re.Pattern, re.Pattern] | None:
         names = sorted({fam.name, *(fam.name + s for s in _SUFFIXES.get(fam.type, ()))}, key=len, reverse=True)
         alt = "|".join(re.escape(n) for n in names)
         pats = (
-            re.compile("(" + alt + r")(?:\{([^\n]*)\})?[ \t]+([^\s{}]+)(?:[ \t]+([^\s{}]+))?[ \t]*\n"),
-            re.compile("(?:(?:" + alt + r")(?:\{[^\n]*\})?[ \t]+[^\s{}]+(?:[ \t]+[^\s{}]+)?[ \t]*\n)+"),
+            re.compile("(" + alt + r")(?:\{([^\n]*)\})?[ \t]+([^\s{}_]+)(?:[ \t]+([^\s{}_]+))?[ \t]*\n"),
+            re.compile("(?:(?:" + alt + r")(?:\{[^\n]*\})?[ \t]+[^\s{}_]+(?:[ \t]+[^\s{}_]+)?[ \t]*\n)+"),
         )
     if len(_BLOCK_CACHE) >= _SKIP_CACHE_MAX:
         _BLOCK_CACHE.clear()
@@ -269,13 +283,22 @@ def parse(body: str, keep: Callable[[str], bool] | None = None) -> dict[str, Fam
         if ch == "\n":
             pos += 1
             continue
+        if ch == " " or ch == "\t":
+            # "#" as the first non-blank character makes a comment too (rare: a cheap look ahead).
+            j = pos + 1
+            while j < end and body[j] in " \t":
+                j += 1
+            if j < end and body[j] == "#":
+                pos, ch = j, "#"
         if ch == "#":
             nl = body.index("\n", pos)
             line = body[pos:nl]
             start, pos = pos, nl + 1
-            parts = line.rstrip().split(None, 3)
-            if len(parts) < 3 or parts[1] not in ("HELP", "TYPE"):
-                continue  # a plain comment
+            parts = _BLANKS.split(line.strip(), 3)
+            if len(parts) < 3 or parts[1] not in ("HELP", "TYPE") or parts[0] != "#":
+                continue  # a plain comment (also "#x TYPE ...": HELP/TYPE must be the first token after "#")
+            if not _NAME.fullmatch(parts[2]):
+                raise ParseError(_lineno(body, start), f"bad metric name {parts[2]!r} in a {parts[1]} line")
             if parts[1] == "HELP":
                 help_name, help_text = parts[2], (_unescape_help(parts[3]) if len(parts) > 3 else "")
                 if current is not None and help_name in (current.name, current.name + "_total"):
@@ -286,7 +309,7 @@ def parse(body: str, keep: Callable[[str], bool] | None = None) -> dict[str, Fam
                 if kept:
                     current = families.setdefault(help_name, Family(help_name, help=help_text))
                 continue
-            typ = parts[3].strip() if len(parts) > 3 else ""
+            typ = parts[3] if len(parts) > 3 else ""  # the line is stripped: no .strip() of U+3000 here
             if typ not in _TYPES:
                 raise ParseError(_lineno(body, start), f"unknown type {typ!r}")
             if typ == "untyped":
@@ -342,6 +365,12 @@ def parse(body: str, keep: Callable[[str], bool] | None = None) -> dict[str, Fam
                 if _family_of(line[:cut], current):
                     pos = nl + 1
                     continue
+            j = pos
+            while j < end and body[j] in " \t":
+                j += 1
+            if j < end and body[j] == "#":
+                pos = j  # an indented comment line: read as a comment by the loop's next turn
+                continue
             current = None  # fell out of the skipped family into an undeclared one
         elif current is not None and pos >= tried:
             # A kept family: read its block (up to the next comment line) at once if it is well-formed.
