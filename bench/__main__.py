@@ -224,6 +224,11 @@ def table(res: dict) -> str:
 
 
 def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["fuzz"]:  # a correctness run of its own, not a timed section (bench/fuzz.py)
+        from bench.fuzz import main as fuzz_main
+
+        return fuzz_main(argv[1:])
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="tiny configuration (smoke test)")
     p.add_argument("--json", action="store_true", help="print JSON on stdout (the table on stderr)")
