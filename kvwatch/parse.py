@@ -49,7 +49,8 @@ _LABEL = re.compile(r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\\n]|\
 _ESCAPE = re.compile(r"\\(.)")
 _HELP_ESCAPE = re.compile(r"\\([\\n])")
 # Fast path for the common label set (no escapes, no spaces): validated and split in C.
-_PLAIN_LABELSET = re.compile(r'(?:[a-zA-Z_][a-zA-Z0-9_]*="[^"\\\n]*",)*(?:[a-zA-Z_][a-zA-Z0-9_]*="[^"\\\n]*")?,?')
+# (A trailing comma is the first group's; "a,," or a lone "," goes to the slow path, which refuses it.)
+_PLAIN_LABELSET = re.compile(r'(?:[a-zA-Z_][a-zA-Z0-9_]*="[^"\\\n]*",)*(?:[a-zA-Z_][a-zA-Z0-9_]*="[^"\\\n]*")?')
 _PLAIN_PAIR = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="([^"]*)"')
 # The same label sets recur on every scrape; parsed dicts are shared, so callers must not mutate them.
 _LABEL_CACHE: dict[str, dict[str, str]] = {}
@@ -296,6 +297,8 @@ def parse(body: str, keep: Callable[[str], bool] | None = None) -> dict[str, Fam
             start, pos = pos, nl + 1
             parts = _BLANKS.split(line.strip(), 3)
             if len(parts) < 3 or parts[1] not in ("HELP", "TYPE") or parts[0] != "#":
+                if parts[1:] == ["TYPE"] and parts[0] == "#":
+                    raise ParseError(_lineno(body, start), "a TYPE line without a metric name")
                 continue  # a plain comment (also "#x TYPE ...": HELP/TYPE must be the first token after "#")
             if not _NAME.fullmatch(parts[2]):
                 raise ParseError(_lineno(body, start), f"bad metric name {parts[2]!r} in a {parts[1]} line")
