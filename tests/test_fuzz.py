@@ -33,6 +33,8 @@ FIXED = {
     "help_unicode_space.prom": ("reject", "in a HELP line"),
     "type_unicode_space.prom": ("reject", "unknown type"),
     "indented_comment.prom": ("ok", None),
+    "double_trailing_comma.prom": ("reject", "bad label set"),
+    "type_without_name.prom": ("reject", "a TYPE line without a metric name"),
 }
 # Deliberate differences from prometheus_client's text parser: (class, the EXPLANATIONS name the fuzz gives it).
 DELIBERATE = {
@@ -41,6 +43,7 @@ DELIBERATE = {
     "three_tokens.prom": ("stricter", "extra_tokens"),
     "name_with_space.prom": ("stricter", "invalid_metric_name"),
     "quoted_label_name.prom": ("stricter", "quoted_label_name"),
+    "invalid_label_name.prom": ("stricter", "invalid_label_name"),
     "leading_comma.prom": ("stricter", "leading_comma"),
     "carriage_return_separator.prom": ("stricter", "non_blank_whitespace"),
     "value_unicode_space.prom": ("stricter", "non_blank_whitespace"),
@@ -48,12 +51,14 @@ DELIBERATE = {
     "bad_line_in_skipped_family.prom": ("laxer", "skipped_family"),
     "counter_suffix_grouping.prom": ("different", "family_grouping"),
     "counter_without_total.prom": ("different", "counter_total_added"),
-    "hash_glued_type.prom": ("different", "hash_glued_to_keyword"),
+    "retyped_summary.prom": ("different", "counter_total_added"),
+    "hash_glued_type.prom": ("laxer", "hash_glued_to_keyword"),
 }
 # Against the OpenMetrics parser, on bodies both accept.
 OPENMETRICS = {
     "om_duplicate_series.prom": "om_duplicate_series",
     "om_timestamp.prom": "om_timestamp_seconds",
+    "om_hash_glued_type.prom": "om_hash_glued_to_keyword",
 }
 PIPELINE = sorted(p for p in (FUZZ / "pipeline").iterdir() if p.is_dir())
 
