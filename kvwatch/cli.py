@@ -19,6 +19,7 @@ from pathlib import Path
 from kvwatch import __version__
 from kvwatch.catalog import Bottleneck
 from kvwatch.config import ConfigError, Settings, load_settings
+from kvwatch.logformat import TEXT_FORMAT, formatter
 from kvwatch.parse import ParseError
 from kvwatch.recording import recording_files
 from kvwatch.redact import SecretFilter, url_secrets
@@ -50,7 +51,12 @@ def _analysis_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--admission-stall-threshold", help="KV usage at which prefills stall (default 0.90)")
     p.add_argument("--preemption-risk-threshold", help="KV usage at which preemption starts (default 0.95)")
     p.add_argument("--max-engines", help="(model, engine) pairs per target before folding into _overflow")
+    _log_flags(p)
+
+
+def _log_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", help="debug, info, warning, error")
+    p.add_argument("--log-format", help="text (default) or json: one JSON object per line")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -78,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     rec.add_argument("--out", type=Path, required=True, help="directory to write to")
     rec.add_argument("--duration", type=float, required=True, help="seconds to record")
     _scrape_flags(rec)
+    _log_flags(rec)
 
     sub.add_parser("sim", help="the built-in vLLM simulator (kvwatch sim --help)", add_help=False)
     sub.add_parser("demo", help="simulator + sidecar + live view (kvwatch demo --help)", add_help=False)
@@ -102,13 +109,13 @@ def _token(settings: Settings) -> list[str]:
 
 
 def _setup_logging(settings: Settings) -> None:
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
-    )
-    # Whoever logs (us, httpx, aiohttp, asyncio), no target credential or bearer token is written.
+    logging.basicConfig(level=settings.log_level.upper(), format=TEXT_FORMAT, stream=sys.stderr)
+    # Whoever logs (us, httpx, aiohttp, asyncio), no target credential or bearer token is written, in
+    # either format: the filter rewrites the record before any formatter sees it.
     secrets = [s for url in settings.target for s in url_secrets(url)] + _token(settings)
     for handler in logging.getLogger().handlers:
         handler.addFilter(SecretFilter(secrets))
+        handler.setFormatter(formatter(settings.log_format))
     # httpx logs every request at INFO: one line per scrape per target is noise, not news.
     logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
 
