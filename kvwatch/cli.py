@@ -21,8 +21,8 @@ from kvwatch.catalog import Bottleneck
 from kvwatch.config import ConfigError, Settings, load_settings
 from kvwatch.logformat import TEXT_FORMAT, formatter
 from kvwatch.parse import ParseError
-from kvwatch.recording import recording_files
-from kvwatch.redact import SecretFilter, url_secrets
+from kvwatch.recording import check_writable, recording_files, write_snapshot
+from kvwatch.redact import SecretFilter, redact_url, url_secrets
 from kvwatch.state import NoVllmMetrics, Target, TargetDiagnosis
 
 SUBCOMMANDS = ("run", "diagnose", "record", "sim", "demo", "logs")
@@ -231,11 +231,15 @@ async def _diagnose_live(args, settings: Settings) -> int:
 async def _record(args, settings: Settings) -> int:
     from kvwatch.scrape import FetchConfig, Fetcher, ScrapeError
 
-    args.out.mkdir(parents=True, exist_ok=True)
+    try:
+        check_writable(args.out)
+    except OSError as e:  # the user's directory: a bad setting, exit 2
+        raise ConfigError(f"invalid setting --out: cannot write to {str(args.out)!r}: {e.strerror or e}") from None
     fetcher = Fetcher(
         FetchConfig(settings.scrape_timeout, settings.max_body_bytes, settings.bearer_token_file, settings.tls_verify),
         user_agent=f"kvwatch/{__version__}",
     )
+    label = redact_url(settings.target[0])
     saved = failed = 0
     loop = asyncio.get_running_loop()
     start = loop.time()
@@ -247,9 +251,17 @@ async def _record(args, settings: Settings) -> int:
                 body = await fetcher.fetch(settings.target[0])
             except ScrapeError as e:
                 failed += 1
-                logging.getLogger("kvwatch").warning("scrape failed: %s", e)
+                logging.getLogger("kvwatch").warning("scrape failed: %s", e, extra={"target": label})
             else:
-                (args.out / f"{t:.3f}.prom").write_text(body, encoding="utf-8")
+                try:
+                    write_snapshot(args.out, t, body)
+                except OSError as e:  # a full disk, a file system gone read-only: stop, nothing partial is left
+                    print(
+                        f"kvwatch: error: cannot write a snapshot to {args.out}: {e.strerror or e}; stopped after "
+                        f"{saved} snapshots (each complete, no partial file left)",
+                        file=sys.stderr,
+                    )
+                    return 1
                 saved += 1
             tick += settings.interval
             await asyncio.sleep(max(0.0, tick - loop.time()))
