@@ -33,7 +33,11 @@ def test_a_failed_write_leaves_no_file_at_all(tmp_path, monkeypatch, where):
     def full(*a, **k):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    target = {"write": "kvwatch.recording.os.fdopen", "fsync": "kvwatch.recording.os.fsync", "rename": "kvwatch.recording.os.replace"}
+    target = {
+        "write": "kvwatch.recording.os.fdopen",
+        "fsync": "kvwatch.recording.os.fsync",
+        "rename": "kvwatch.recording.os.replace",
+    }
     if where == "write":
         real = os.fdopen
 
@@ -74,8 +78,20 @@ def test_the_directory_is_checked_at_start(tmp_path):
 async def _record(out: Path, url: str, duration: float, on_start=None) -> tuple[int, str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVWATCH_")}
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "kvwatch", "record", url, "--out", str(out), "--duration", str(duration),
-        "--interval", "0.2", env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        sys.executable,
+        "-m",
+        "kvwatch",
+        "record",
+        url,
+        "--out",
+        str(out),
+        "--duration",
+        str(duration),
+        "--interval",
+        "0.2",
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
     if on_start is not None:
         await on_start()
