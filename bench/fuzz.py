@@ -2,8 +2,8 @@
 
 Every case is a body built from ``(seed, case number)`` alone (``random.Random(f"{seed}:{i}")``), so a
 run is deterministic and any one case can be rebuilt (``--case I``). A body is either a mutated real
-vLLM ``/metrics`` capture (``tests/fixtures/``: a few consecutive families, or a whole capture) or
-generated exposition text, then 0-4 mutations: truncation anywhere, byte flips, inserted junk,
+vLLM ``/metrics`` capture (``tests/fixtures/``: a few consecutive families, or a whole capture; one in five
+rendered as OpenMetrics, ``to_openmetrics``) or generated exposition text, then 0-4 mutations: truncation anywhere, byte flips, inserted junk,
 NaN / +-Inf / huge / denormal / malformed values, escapes, duplicate labels, label values of up to
 1 MiB, CRLF, a BOM, invalid UTF-8, OpenMetrics ``# EOF`` / ``# UNIT`` / exemplars, timestamps, and
 line-level damage (duplicated, dropped, reordered lines, retyped families, renamed samples).
