@@ -130,8 +130,9 @@ def _parse_labels_slow(text: str, lineno: int) -> dict[str, str]:
 
 
 def _parse_float(text: str, lineno: int) -> float:
-    # float() also takes "1_000" and surrounding Unicode whitespace; Prometheus's parser takes neither.
-    if "_" in text or text != text.strip():
+    # float() also takes "1_000", "١٢" (any Unicode digits) and surrounding Unicode whitespace; Prometheus's
+    # parser (Go's ParseFloat) takes none of them.
+    if "_" in text or not text.isascii() or text != text.strip():
         raise ParseError(lineno, f"bad value {text!r}")
     try:
         return float(text)
@@ -176,11 +177,13 @@ def _family_of(sample_name: str, fam: Family | None) -> bool:
     return sample_name[len(fam.name) :] in _SUFFIXES.get(fam.type, ())
 
 
+# A value or timestamp token: printable ASCII but '{', '}' and '_' ([!-^`-z|~]); anything else takes the
+# general path, which refuses it.
 # One well-formed sample line in one C-level match: name, optional {labels} (up to the line's last
 # '}', as _parse_sample takes them), a value and an optional timestamp separated by spaces or tabs.
 # Any line this does not match (other spacing, a malformed line) goes through _parse_sample, which
 # decides exactly as before and reports the error with its line number.
-_SAMPLE_LINE = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{([^\n]*)\})?[ \t]+([^\s{}_]+)(?:[ \t]+([^\s{}_]+))?[ \t]*\n")
+_SAMPLE_LINE = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{([^\n]*)\})?[ \t]+([!-^`-z|~]+)(?:[ \t]+([!-^`-z|~]+))?[ \t]*\n")
 # Per skipped family (name, type): a pattern that consumes, in C, the run of lines that belong to
 # it (and blank or whitespace-only lines). A line belongs when its name token -- the text before its
 # first '{', else before its first ' ', else all but its last character, as the per-line check reads
@@ -225,8 +228,8 @@ def _block_patterns(fam: Family) -> tuple[re.Pattern, re.Pattern] | None:
         names = sorted({fam.name, *(fam.name + s for s in _SUFFIXES.get(fam.type, ()))}, key=len, reverse=True)
         alt = "|".join(re.escape(n) for n in names)
         pats = (
-            re.compile("(" + alt + r")(?:\{([^\n]*)\})?[ \t]+([^\s{}_]+)(?:[ \t]+([^\s{}_]+))?[ \t]*\n"),
-            re.compile("(?:(?:" + alt + r")(?:\{[^\n]*\})?[ \t]+[^\s{}_]+(?:[ \t]+[^\s{}_]+)?[ \t]*\n)+"),
+            re.compile("(" + alt + r")(?:\{([^\n]*)\})?[ \t]+([!-^`-z|~]+)(?:[ \t]+([!-^`-z|~]+))?[ \t]*\n"),
+            re.compile("(?:(?:" + alt + r")(?:\{[^\n]*\})?[ \t]+[!-^`-z|~]+(?:[ \t]+[!-^`-z|~]+)?[ \t]*\n)+"),
         )
     if len(_BLOCK_CACHE) >= _SKIP_CACHE_MAX:
         _BLOCK_CACHE.clear()
