@@ -674,6 +674,11 @@ EXPLANATIONS = {
     "non_blank_whitespace": "stricter (or laxer): tokens separated (or lines indented) by whitespace other than blanks and tabs "
     "(\\r, \\v, \\f, U+0085, U+3000, ...); prometheus_client splits on any ASCII whitespace and strips any Unicode "
     "whitespace from a line's ends.",
+    "no_value": "stricter: a line that is one token (a name, no value): prometheus_client reads `Infinity` as the "
+    "sample Infinit with value +Inf (it takes all but the last character as the name, and the whole line as the "
+    "value).",
+    "non_ascii_number": "stricter: a value or timestamp in digits other than ASCII (١٢, １): Python's float() reads "
+    "them, Go's ParseFloat (the format's definition of a value) does not.",
     "unknown_type": "stricter: a TYPE line whose type is not one of the format's words (counter, gauge, histogram, "
     "summary, untyped; kvwatch also knows OpenMetrics' info, stateset, gaugehistogram, unknown); prometheus_client "
     "checks only the last TYPE line of a name.",
@@ -753,6 +758,14 @@ _SPEC_TYPES = ("counter", "gauge", "histogram", "summary", "untyped")
 _NON_BLANK_SPACE = re.compile(r"[^\S \t\n]")
 
 
+def _python_float(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def _stricter_why(text: str, err: ParseError) -> str | None:
     msg = str(err)
     line = _line(text, err.line)
@@ -767,8 +780,11 @@ def _stricter_why(text: str, err: ParseError) -> str | None:
             return _stricter_why(fixed, again[1])  # the line has a second reason too
     if "expected a value and an optional timestamp" in msg:
         rest = _after_labels(line)
-        if rest is not None and len([t for t in re.split(r"[ \t]+", rest) if t]) > 2:
+        tokens = [] if rest is None else [t for t in re.split(r"[ \t]+", rest) if t]
+        if len(tokens) > 2:
             return "extra_tokens"
+        if not tokens and "{" not in line:
+            return "no_value"
     if not _METRIC_NAME.fullmatch(_name_token(line)):
         return "invalid_metric_name"
     if re.search(r'[{,][ \t]*"[^"]*"[ \t]*=', line):
@@ -777,6 +793,9 @@ def _stricter_why(text: str, err: ParseError) -> str | None:
         return "invalid_label_name"
     if "bad label set {" in msg and line[line.find("{") + 1 :].lstrip(" \t").startswith(","):
         return "leading_comma"
+    m = re.search(r"bad value '(.*)'$", msg)
+    if m and not m.group(1).isascii() and _python_float(m.group(1)):
+        return "non_ascii_number"
     if "unknown type" in msg and _name_token(line) and line.split()[-1] not in _SPEC_TYPES:
         return "unknown_type"
     return None
@@ -892,6 +911,8 @@ OM_EXPLANATIONS = {
     "the first, kvwatch keeps every one, as prometheus_client's text parser does.",
     "om_timestamp_seconds": "OpenMetrics timestamps are seconds, 0.0.4 text timestamps milliseconds: kvwatch reads "
     "the 0.0.4 format it asks vLLM for.",
+    "om_no_space_before_value": 'a value right after the label set (x{a="b"}12): the text format allows it, '
+    "OpenMetrics wants one space, and prometheus_client's OpenMetrics parser drops the value's first character.",
     "om_hash_glued_to_keyword": 'a "#x TYPE ..." line (e.g. # and U+3000): kvwatch reads it as a comment, the '
     "OpenMetrics parser as a TYPE (or HELP) line.",
 }
@@ -943,6 +964,11 @@ def explain_om(text: str, mine, om) -> str | None:
         return "om_duplicate_series"
     if _same_but_ts_unit(order, om[1]) or _same_but_ts_unit(first, om[1]):
         return "om_timestamp_seconds"
+    spaced = re.sub(r"\}(?=[^ \t\n])", "} ", text)
+    if spaced != text:
+        again = reference(spaced, om=True)
+        if again[0] == "ok" and again[1] in (mine[1], sorted(first, key=repr)):
+            return "om_no_space_before_value"
     glued = _GLUED.sub("", text)
     if glued != text:
         again = reference(glued, om=True)

@@ -48,6 +48,8 @@ DELIBERATE = {
     "carriage_return_separator.prom": ("stricter", "non_blank_whitespace"),
     "value_unicode_space.prom": ("stricter", "non_blank_whitespace"),
     "unknown_type_overridden.prom": ("stricter", "unknown_type"),
+    "name_only_line.prom": ("stricter", "no_value"),
+    "value_non_ascii_digits.prom": ("stricter", "non_ascii_number"),
     "bad_line_in_skipped_family.prom": ("laxer", "skipped_family"),
     "counter_suffix_grouping.prom": ("different", "family_grouping"),
     "counter_without_total.prom": ("different", "counter_total_added"),
@@ -59,6 +61,7 @@ OPENMETRICS = {
     "om_duplicate_series.prom": "om_duplicate_series",
     "om_timestamp.prom": "om_timestamp_seconds",
     "om_hash_glued_type.prom": "om_hash_glued_to_keyword",
+    "om_value_glued.prom": "om_no_space_before_value",
 }
 PIPELINE = sorted(p for p in (FUZZ / "pipeline").iterdir() if p.is_dir())
 
