@@ -140,6 +140,15 @@ def _parse_float(text: str, lineno: int) -> float:
         raise ParseError(lineno, f"bad value {text!r}") from None
 
 
+def _seconds(text: str, value: float | None = None) -> float:
+    """An exposition timestamp (milliseconds, an integer by the format) in seconds: int / 1000 is rounded once,
+    float(text) / 1000 twice, and differs past 2**53 ms (found by the fuzz)."""
+    try:
+        return int(text) / 1000
+    except ValueError:
+        return (float(text) if value is None else value) / 1000.0
+
+
 def _parse_sample(line: str, lineno: int) -> Sample:
     line = line.strip()  # leading and trailing whitespace is ignored (a CRLF line's \r too)
     name = _NAME_TOKEN.match(line).group()  # type: ignore[union-attr]  # the pattern matches "" at least
@@ -162,7 +171,7 @@ def _parse_sample(line: str, lineno: int) -> Sample:
     value = _parse_float(rest[0], lineno)
     ts = None
     if len(rest) == 2:
-        ts = _parse_float(rest[1], lineno) / 1000.0  # exposition timestamps are milliseconds
+        ts = _seconds(rest[1], _parse_float(rest[1], lineno))
     return Sample(name, labels, value, ts)
 
 
@@ -180,10 +189,13 @@ def _family_of(sample_name: str, fam: Family | None) -> bool:
 # A value or timestamp token: printable ASCII but '{', '}' and '_' ([!-^`-z|~]); anything else takes the
 # general path, which refuses it.
 # One well-formed sample line in one C-level match: name, optional {labels} (up to the line's last
-# '}', as _parse_sample takes them), a value and an optional timestamp separated by spaces or tabs.
+# '}': when that text is a valid label set it has no '}' outside quotes, so it ends where _parse_sample's
+# does), a value and an optional timestamp separated by spaces or tabs.
 # Any line this does not match (other spacing, a malformed line) goes through _parse_sample, which
 # decides exactly as before and reports the error with its line number.
-_SAMPLE_LINE = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{([^\n]*)\})?[ \t]+([!-^`-z|~]+)(?:[ \t]+([!-^`-z|~]+))?[ \t]*\n")
+_SAMPLE_LINE = re.compile(
+    r"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{([^\n]*)\})?[ \t]+([!-^`-z|~]+)(?:[ \t]+([!-^`-z|~]+))?[ \t]*\n"
+)
 # Per skipped family (name, type): a pattern that consumes, in C, the run of lines that belong to
 # it (and blank or whitespace-only lines). A line belongs when its name token -- the text before its
 # first '{', else before its first ' ', else all but its last character, as the per-line check reads
@@ -245,9 +257,7 @@ def _read_block(pats: tuple[re.Pattern, re.Pattern], block: str) -> list[Sample]
     cache = _LABEL_CACHE
     try:
         return [
-            Sample(
-                n, ((cache.get(t) or _parse_labels(t, 0)) if t else {}), float(v), float(ts) / 1000.0 if ts else None
-            )
+            Sample(n, ((cache.get(t) or _parse_labels(t, 0)) if t else {}), float(v), _seconds(ts) if ts else None)
             for n, t, v, ts in line.findall(block)
         ]
     except ValueError:
@@ -401,7 +411,7 @@ def parse(body: str, keep: Callable[[str], bool] | None = None) -> dict[str, Fam
                     labels = label_cache.get(text)
                     if labels is None:
                         labels = _parse_labels(text, 0)
-                sample = Sample(name, labels, float(value), None if ts is None else float(ts) / 1000.0)
+                sample = Sample(name, labels, float(value), None if ts is None else _seconds(ts))
                 pos = m.end()
             except ValueError:
                 sample = None  # the general path below raises the error with its line number
