@@ -758,6 +758,12 @@ _SPEC_TYPES = ("counter", "gauge", "histogram", "summary", "untyped")
 _NON_BLANK_SPACE = re.compile(r"[^\S \t\n]")
 
 
+def _type_token(line: str) -> str:
+    """The type a TYPE line gives: everything after its name (\"counter counter\" is no type)."""
+    parts = re.split(r"[ \t]+", line.strip(" \t"), maxsplit=3)
+    return parts[3] if len(parts) > 3 and parts[1] == "TYPE" else ""
+
+
 def _python_float(text: str) -> bool:
     try:
         float(text)
@@ -796,7 +802,7 @@ def _stricter_why(text: str, err: ParseError) -> str | None:
     m = re.search(r"bad value '(.*)'$", msg)
     if m and not m.group(1).isascii() and _python_float(m.group(1)):
         return "non_ascii_number"
-    if "unknown type" in msg and _name_token(line) and line.split()[-1] not in _SPEC_TYPES:
+    if "unknown type" in msg and _type_token(line) not in _SPEC_TYPES:
         return "unknown_type"
     return None
 

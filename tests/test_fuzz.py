@@ -35,6 +35,7 @@ FIXED = {
     "indented_comment.prom": ("ok", None),
     "double_trailing_comma.prom": ("reject", "bad label set"),
     "type_without_name.prom": ("reject", "a TYPE line without a metric name"),
+    "timestamp_rounding.prom": ("ok", None),
 }
 # Deliberate differences from prometheus_client's text parser: (class, the EXPLANATIONS name the fuzz gives it).
 DELIBERATE = {
@@ -93,6 +94,11 @@ def test_fixed_findings_now_agree_with_prometheus_client(name):
     if error is not None:
         with pytest.raises(ParseError, match=error.replace("[", r"\[").replace("]", r"\]")):
             parse(text, keep_family)
+
+
+def test_a_timestamp_past_2_to_the_53_is_rounded_once():
+    (sample,) = parse(_body("timestamp_rounding.prom"), keep_family)["vllm:num_requests_running"].samples
+    assert sample.timestamp == 34433789083589074 / 1000 != float("34433789083589074") / 1000
 
 
 def test_an_indented_comment_is_a_comment():
