@@ -8,7 +8,10 @@
 
 Sections (bench/README.md explains each method): cycle (cycle / parse-baseline on three payloads),
 scaling (1x / 4x / 16x), memory (RSS of a real ``kvwatch run``), fanin (targets polled on schedule at
-1 Hz on one core), detect (KV-bound onset to kvwatch_bottleneck{bottleneck="kv_cache"} == 1).
+1 Hz on one core), detect (KV-bound onset to kvwatch_bottleneck{bottleneck="kv_cache"} == 1), logs (peak RSS of
+``kvwatch logs -`` on a 1 GiB log through a pipe vs a tenth of it).
+
+    python -m bench fuzz --cases N [--seed S]   # the parser under fuzzing (bench/fuzz.py), not a timed section
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import platform
 import sys
 import time
 
-SECTIONS = ("cycle", "scaling", "memory", "fanin", "detect")
+SECTIONS = ("cycle", "scaling", "memory", "fanin", "detect", "logs")
 GOALS = {"ratio": 0.2, "peak_rss_mib": 64.0, "fanin": 200, "detect_intervals": 2.0}
 
 
@@ -137,6 +140,14 @@ def run_detect(quick: bool) -> dict:
     return measure(trials=5, speed=1.0, interval=1.0, warmup_s=20.0, timeout_s=30.0)
 
 
+def run_logs(quick: bool) -> dict:
+    from bench.logmem import measure
+
+    big, json_big = (4 << 20, 4 << 20) if quick else (1 << 30, 256 << 20)
+    _log(f"logs: kvwatch logs - on {big >> 20} MiB and {big >> 20} / 10 MiB of log through a pipe (and --json)")
+    return measure(big, json_big)
+
+
 def _fmt(x, nd=3) -> str:
     if x is None:
         return "-"
@@ -218,12 +229,27 @@ def table(res: dict) -> str:
             f"(goal <= 2); detected {r['detected']} of {len(r['trials'])}, false alarms {r['false_alarms']}",
             "",
         ]
+    if "logs" in res:
+        r, j = res["logs"]["report"], res["logs"]["json"]
+        lines += [
+            f"logs: kvwatch logs - on a generated vLLM log through a pipe: peak RSS **{r['big_peak_rss_mib']:.1f} MiB** "
+            f"at {r['big_bytes'] / 2**20:.0f} MiB of log, {r['small_peak_rss_mib']:.1f} MiB at {r['small_bytes'] / 2**20:.1f} "
+            f"MiB: ratio **{r['ratio']:.3f}** (goal ~1: memory does not grow with the log; {r['big_mib_per_second']:.1f} "
+            f"MiB/s); --json: {j['big_peak_rss_mib']:.1f} MiB at {j['big_bytes'] / 2**20:.0f} MiB, "
+            f"{j['small_peak_rss_mib']:.1f} MiB at {j['small_bytes'] / 2**20:.1f} MiB, ratio **{j['ratio']:.3f}**",
+            "",
+        ]
     for section, err in res.get("errors", {}).items():
         lines += [f"{section}: not measured ({err})", ""]
     return "\n".join(lines)
 
 
 def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["fuzz"]:  # a correctness run of its own, not a timed section (bench/fuzz.py)
+        from bench.fuzz import main as fuzz_main
+
+        return fuzz_main(argv[1:])
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="tiny configuration (smoke test)")
     p.add_argument("--json", action="store_true", help="print JSON on stdout (the table on stderr)")
@@ -236,7 +262,14 @@ def main(argv=None) -> int:
         p.error(f"unknown section(s): {', '.join(bad)}")
     res: dict = {"machine": _machine(), "quick": args.quick}
     started = time.monotonic()
-    runners = {"cycle": run_cycle, "scaling": run_scaling, "memory": run_memory, "fanin": run_fanin, "detect": run_detect}
+    runners = {
+        "cycle": run_cycle,
+        "scaling": run_scaling,
+        "memory": run_memory,
+        "fanin": run_fanin,
+        "detect": run_detect,
+        "logs": run_logs,
+    }
     for section in SECTIONS:
         if section in only:
             try:

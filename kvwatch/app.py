@@ -88,7 +88,8 @@ class Monitor:
             except asyncio.CancelledError:
                 raise
             except Exception:  # a bug must not end the loop: log it and keep scraping
-                log.exception("unexpected error scraping %s", self.targets[target].target)
+                label = self.targets[target].target
+                log.exception("unexpected error scraping %s", label, extra={"target": label})
             next_tick += interval
             now = loop.time()
             if next_tick < now:  # overran: skip the missed ticks instead of bunching them
@@ -118,10 +119,10 @@ class Monitor:
             state.errors[e.reason] += 1
             state.observe_failure(t, str(e))
             if was_up:
-                log.warning("scrape of %s failed: %s", state.target, e)
+                log.warning("scrape of %s failed: %s", state.target, e, extra={"target": state.target})
         else:
             if not was_up:
-                log.info("scraping %s", state.target)
+                log.info("scraping %s", state.target, extra={"target": state.target})
         state.scrape_duration_seconds = time.perf_counter() - started
         state.diagnosis = state.diagnose(self.clock())
         state.history.record(state.diagnosis)

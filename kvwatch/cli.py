@@ -21,11 +21,12 @@ from pathlib import Path
 from kvwatch import __version__
 from kvwatch.catalog import Bottleneck
 from kvwatch.config import ConfigError, Settings, load_settings
+from kvwatch.logformat import TEXT_FORMAT, formatter
 from kvwatch.parse import ParseError
 from kvwatch.plan import DEFAULT_BLOCK_SIZE, Deployment, PlanError, as_dict, model_from_config, plan
 from kvwatch.plan import render_text as render_plan
-from kvwatch.recording import recording_files
-from kvwatch.redact import SecretFilter, url_secrets
+from kvwatch.recording import check_writable, recording_files, write_snapshot
+from kvwatch.redact import SecretFilter, redact_url, url_secrets
 from kvwatch.state import NoVllmMetrics, Target, TargetDiagnosis
 
 SUBCOMMANDS = ("run", "diagnose", "record", "sim", "demo", "logs", "plan")
@@ -54,7 +55,12 @@ def _analysis_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--admission-stall-threshold", help="KV usage at which prefills stall (default 0.90)")
     p.add_argument("--preemption-risk-threshold", help="KV usage at which preemption starts (default 0.95)")
     p.add_argument("--max-engines", help="(model, engine) pairs per target before folding into _overflow")
+    _log_flags(p)
+
+
+def _log_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", help="debug, info, warning, error")
+    p.add_argument("--log-format", help="text (default) or json: one JSON object per line")
 
 
 def _positive(kind):
@@ -119,6 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     rec.add_argument("--out", type=Path, required=True, help="directory to write to")
     rec.add_argument("--duration", type=float, required=True, help="seconds to record")
     _scrape_flags(rec)
+    _log_flags(rec)
 
     sub.add_parser("sim", help="the built-in vLLM simulator (kvwatch sim --help)", add_help=False)
     sub.add_parser("demo", help="simulator + sidecar + live view (kvwatch demo --help)", add_help=False)
@@ -151,13 +158,13 @@ def _token(settings: Settings) -> list[str]:
 
 
 def _setup_logging(settings: Settings) -> None:
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
-    )
-    # Whoever logs (us, httpx, aiohttp, asyncio), no target credential or bearer token is written.
+    logging.basicConfig(level=settings.log_level.upper(), format=TEXT_FORMAT, stream=sys.stderr)
+    # Whoever logs (us, httpx, aiohttp, asyncio), no target credential or bearer token is written, in
+    # either format: the filter rewrites the record before any formatter sees it.
     secrets = [s for url in settings.target for s in url_secrets(url)] + _token(settings)
     for handler in logging.getLogger().handlers:
         handler.addFilter(SecretFilter(secrets))
+        handler.setFormatter(formatter(settings.log_format))
     # httpx logs every request at INFO: one line per scrape per target is noise, not news.
     logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
 
@@ -273,11 +280,15 @@ async def _diagnose_live(args, settings: Settings) -> int:
 async def _record(args, settings: Settings) -> int:
     from kvwatch.scrape import FetchConfig, Fetcher, ScrapeError
 
-    args.out.mkdir(parents=True, exist_ok=True)
+    try:
+        check_writable(args.out)
+    except OSError as e:  # the user's directory: a bad setting, exit 2
+        raise ConfigError(f"invalid setting --out: cannot write to {str(args.out)!r}: {e.strerror or e}") from None
     fetcher = Fetcher(
         FetchConfig(settings.scrape_timeout, settings.max_body_bytes, settings.bearer_token_file, settings.tls_verify),
         user_agent=f"kvwatch/{__version__}",
     )
+    label = redact_url(settings.target[0])
     saved = failed = 0
     loop = asyncio.get_running_loop()
     start = loop.time()
@@ -289,9 +300,17 @@ async def _record(args, settings: Settings) -> int:
                 body = await fetcher.fetch(settings.target[0])
             except ScrapeError as e:
                 failed += 1
-                logging.getLogger("kvwatch").warning("scrape failed: %s", e)
+                logging.getLogger("kvwatch").warning("scrape failed: %s", e, extra={"target": label})
             else:
-                (args.out / f"{t:.3f}.prom").write_text(body, encoding="utf-8")
+                try:
+                    write_snapshot(args.out, t, body)
+                except OSError as e:  # a full disk, a file system gone read-only: stop, nothing partial is left
+                    print(
+                        f"kvwatch: error: cannot write a snapshot to {args.out}: {e.strerror or e}; stopped after "
+                        f"{saved} snapshots (each complete, no partial file left)",
+                        file=sys.stderr,
+                    )
+                    return 1
                 saved += 1
             tick += settings.interval
             await asyncio.sleep(max(0.0, tick - loop.time()))

@@ -24,6 +24,7 @@ __all__ = ["ConfigError", "DEFAULT_LISTEN", "DEFAULT_PORT", "Settings", "load_se
 DEFAULT_PORT = 9847
 DEFAULT_LISTEN = f"0.0.0.0:{DEFAULT_PORT}"
 LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_FORMATS = ("text", "json")
 _DEFAULT = Thresholds()
 
 
@@ -53,6 +54,7 @@ class Settings(BaseSettings):
     preemption_risk_threshold: float = Field(_DEFAULT.preemption_risk, gt=0, le=1)
     max_engines: int = Field(64, gt=0)
     log_level: str = "info"
+    log_format: str = "text"
 
     @field_validator("target", mode="before")
     @classmethod
@@ -89,6 +91,13 @@ class Settings(BaseSettings):
     def _check_level(cls, v: str) -> str:
         if v.lower() not in LOG_LEVELS:
             raise ValueError(f"{v!r} is not one of {', '.join(LOG_LEVELS)}")
+        return v.lower()
+
+    @field_validator("log_format")
+    @classmethod
+    def _check_format(cls, v: str) -> str:
+        if v.lower() not in LOG_FORMATS:
+            raise ValueError(f"{v!r} is not one of {', '.join(LOG_FORMATS)}")
         return v.lower()
 
     @field_validator("bearer_token_file", "web_config_file")

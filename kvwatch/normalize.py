@@ -269,7 +269,7 @@ def _read_prompt_computed(fam: Family | None, snap) -> None:
     if fam is None:
         return
     for smp in fam.samples:
-        if smp.labels.get("source") == "local_compute" and smp.name.endswith("_total"):
+        if smp.labels.get("source") == "local_compute" and smp.name.endswith("_total") and math.isfinite(smp.value):
             c = snap(smp.labels).counters
             c["prompt_tokens_computed"] = c.get("prompt_tokens_computed", 0.0) + smp.value
 
@@ -278,6 +278,8 @@ def _read_histograms(canon: str, fam: Family, snap, out: dict[tuple[str, str], E
     for key, (buckets, (hsum, hcount)) in _sum_histogram_series(fam, snap).items():
         if not buckets or math.inf not in buckets:
             continue  # a histogram without +Inf is not usable for quantiles
+        if not (math.isfinite(hsum) and math.isfinite(hcount) and all(map(math.isfinite, buckets.values()))):
+            continue  # NaN or an infinite count (or sums that overflowed): unusable, like a missing one
         out[key].histograms[canon] = _histogram(buckets, hsum, hcount)
 
 

@@ -41,11 +41,16 @@ _SUFFIXES = {
 }
 
 _NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+# The format separates tokens by blanks and tabs only (str.split() would also split on U+0085, U+3000, ...).
+_BLANKS = re.compile(r"[ \t]+")
+_NAME_TOKEN = re.compile(r"[^{ \t]*")
+_LABEL_SET = re.compile(r'\{((?:[^"}\n]|"(?:[^"\\\n]|\\.)*")*)\}')
 _LABEL = re.compile(r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\\n]|\\.)*)"[ \t]*(,?)')
 _ESCAPE = re.compile(r"\\(.)")
 _HELP_ESCAPE = re.compile(r"\\([\\n])")
 # Fast path for the common label set (no escapes, no spaces): validated and split in C.
-_PLAIN_LABELSET = re.compile(r'(?:[a-zA-Z_][a-zA-Z0-9_]*="[^"\\\n]*",)*(?:[a-zA-Z_][a-zA-Z0-9_]*="[^"\\\n]*")?,?')
+# (A trailing comma is the first group's; "a,," or a lone "," goes to the slow path, which refuses it.)
+_PLAIN_LABELSET = re.compile(r'(?:[a-zA-Z_][a-zA-Z0-9_]*="[^"\\\n]*",)*(?:[a-zA-Z_][a-zA-Z0-9_]*="[^"\\\n]*")?')
 _PLAIN_PAIR = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="([^"]*)"')
 # The same label sets recur on every scrape; parsed dicts are shared, so callers must not mutate them.
 _LABEL_CACHE: dict[str, dict[str, str]] = {}
@@ -94,7 +99,10 @@ def _parse_labels(text: str, lineno: int) -> dict[str, str]:
     if labels is not None:
         return labels
     if _PLAIN_LABELSET.fullmatch(text):
-        labels = dict(_PLAIN_PAIR.findall(text))
+        pairs = _PLAIN_PAIR.findall(text)
+        labels = dict(pairs)
+        if len(labels) != len(pairs) or "__name__" in labels:
+            raise ParseError(lineno, f"duplicate label name in {{{text}}}")
     else:
         labels = _parse_labels_slow(text, lineno)
     if len(_LABEL_CACHE) >= _LABEL_CACHE_MAX:
@@ -112,6 +120,8 @@ def _parse_labels_slow(text: str, lineno: int) -> dict[str, str]:
             if text[pos:].strip() == "":
                 break
             raise ParseError(lineno, f"bad label set {{{text}}}")
+        if m.group(1) in labels or m.group(1) == "__name__":  # the name is given before the braces
+            raise ParseError(lineno, f"duplicate label name in {{{text}}}")
         labels[m.group(1)] = _unescape(m.group(2))
         pos = m.end()
         if not m.group(3) and text[pos:].strip():
@@ -120,33 +130,48 @@ def _parse_labels_slow(text: str, lineno: int) -> dict[str, str]:
 
 
 def _parse_float(text: str, lineno: int) -> float:
+    # float() also takes "1_000", "١٢" (any Unicode digits) and surrounding Unicode whitespace; Prometheus's
+    # parser (Go's ParseFloat) takes none of them.
+    if "_" in text or not text.isascii() or text != text.strip():
+        raise ParseError(lineno, f"bad value {text!r}")
     try:
         return float(text)
     except ValueError:
         raise ParseError(lineno, f"bad value {text!r}") from None
 
 
+def _seconds(text: str, value: float | None = None) -> float:
+    """An exposition timestamp (milliseconds, an integer by the format) in seconds: int / 1000 is rounded once,
+    float(text) / 1000 twice, and differs past 2**53 ms (found by the fuzz)."""
+    try:
+        return int(text) / 1000
+    except ValueError:
+        return (float(text) if value is None else value) / 1000.0
+
+
 def _parse_sample(line: str, lineno: int) -> Sample:
-    brace = line.find("{")
-    if brace >= 0:
-        name = line[:brace].strip()
-        # Label values may contain '}', so find the closing brace after the last quote.
-        close = line.rfind("}")
-        if close < brace:
-            raise ParseError(lineno, "unclosed label set")
-        labels = _parse_labels(line[brace + 1 : close], lineno)
-        rest = line[close + 1 :].split()
-    else:
-        parts = line.split()
-        name, rest, labels = parts[0], parts[1:], {}
+    line = line.strip()  # leading and trailing whitespace is ignored (a CRLF line's \r too)
+    name = _NAME_TOKEN.match(line).group()  # type: ignore[union-attr]  # the pattern matches "" at least
     if not _NAME.fullmatch(name):
         raise ParseError(lineno, f"bad metric name {name!r}")
+    pos = len(name)
+    while line[pos : pos + 1] in (" ", "\t"):
+        pos += 1
+    labels: dict[str, str] = {}
+    if line.startswith("{", pos):
+        # The label set ends at the first '}' outside a quoted value (an exemplar's may follow).
+        m = _LABEL_SET.match(line, pos)
+        if m is None:
+            raise ParseError(lineno, "unclosed label set")
+        labels = _parse_labels(m.group(1), lineno)
+        pos = m.end()
+    rest = [t for t in _BLANKS.split(line[pos:]) if t]
     if len(rest) not in (1, 2):
         raise ParseError(lineno, "expected a value and an optional timestamp")
     value = _parse_float(rest[0], lineno)
     ts = None
     if len(rest) == 2:
-        ts = _parse_float(rest[1], lineno) / 1000.0  # exposition timestamps are milliseconds
+        ts = _seconds(rest[1], _parse_float(rest[1], lineno))
     return Sample(name, labels, value, ts)
 
 
@@ -161,11 +186,16 @@ def _family_of(sample_name: str, fam: Family | None) -> bool:
     return sample_name[len(fam.name) :] in _SUFFIXES.get(fam.type, ())
 
 
+# A value or timestamp token: printable ASCII but '{', '}' and '_' ([!-^`-z|~]); anything else takes the
+# general path, which refuses it.
 # One well-formed sample line in one C-level match: name, optional {labels} (up to the line's last
-# '}', as _parse_sample takes them), a value and an optional timestamp separated by spaces or tabs.
+# '}': when that text is a valid label set it has no '}' outside quotes, so it ends where _parse_sample's
+# does), a value and an optional timestamp separated by spaces or tabs.
 # Any line this does not match (other spacing, a malformed line) goes through _parse_sample, which
 # decides exactly as before and reports the error with its line number.
-_SAMPLE_LINE = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{([^\n]*)\})?[ \t]+([^\s{}]+)(?:[ \t]+([^\s{}]+))?[ \t]*\n")
+_SAMPLE_LINE = re.compile(
+    r"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{([^\n]*)\})?[ \t]+([!-^`-z|~]+)(?:[ \t]+([!-^`-z|~]+))?[ \t]*\n"
+)
 # Per skipped family (name, type): a pattern that consumes, in C, the run of lines that belong to
 # it (and blank or whitespace-only lines). A line belongs when its name token -- the text before its
 # first '{', else before its first ' ', else all but its last character, as the per-line check reads
@@ -210,8 +240,8 @@ def _block_patterns(fam: Family) -> tuple[re.Pattern, re.Pattern] | None:
         names = sorted({fam.name, *(fam.name + s for s in _SUFFIXES.get(fam.type, ()))}, key=len, reverse=True)
         alt = "|".join(re.escape(n) for n in names)
         pats = (
-            re.compile("(" + alt + r")(?:\{([^\n]*)\})?[ \t]+([^\s{}]+)(?:[ \t]+([^\s{}]+))?[ \t]*\n"),
-            re.compile("(?:(?:" + alt + r")(?:\{[^\n]*\})?[ \t]+[^\s{}]+(?:[ \t]+[^\s{}]+)?[ \t]*\n)+"),
+            re.compile("(" + alt + r")(?:\{([^\n]*)\})?[ \t]+([!-^`-z|~]+)(?:[ \t]+([!-^`-z|~]+))?[ \t]*\n"),
+            re.compile("(?:(?:" + alt + r")(?:\{[^\n]*\})?[ \t]+[!-^`-z|~]+(?:[ \t]+[!-^`-z|~]+)?[ \t]*\n)+"),
         )
     if len(_BLOCK_CACHE) >= _SKIP_CACHE_MAX:
         _BLOCK_CACHE.clear()
@@ -227,9 +257,7 @@ def _read_block(pats: tuple[re.Pattern, re.Pattern], block: str) -> list[Sample]
     cache = _LABEL_CACHE
     try:
         return [
-            Sample(
-                n, ((cache.get(t) or _parse_labels(t, 0)) if t else {}), float(v), float(ts) / 1000.0 if ts else None
-            )
+            Sample(n, ((cache.get(t) or _parse_labels(t, 0)) if t else {}), float(v), _seconds(ts) if ts else None)
             for n, t, v, ts in line.findall(block)
         ]
     except ValueError:
@@ -269,13 +297,24 @@ def parse(body: str, keep: Callable[[str], bool] | None = None) -> dict[str, Fam
         if ch == "\n":
             pos += 1
             continue
+        if ch == " " or ch == "\t":
+            # "#" as the first non-blank character makes a comment too (rare: a cheap look ahead).
+            j = pos + 1
+            while j < end and body[j] in " \t":
+                j += 1
+            if j < end and body[j] == "#":
+                pos, ch = j, "#"
         if ch == "#":
             nl = body.index("\n", pos)
             line = body[pos:nl]
             start, pos = pos, nl + 1
-            parts = line.rstrip().split(None, 3)
-            if len(parts) < 3 or parts[1] not in ("HELP", "TYPE"):
-                continue  # a plain comment
+            parts = _BLANKS.split(line.strip(), 3)
+            if len(parts) < 3 or parts[1] not in ("HELP", "TYPE") or parts[0] != "#":
+                if parts[1:] == ["TYPE"] and parts[0] == "#":
+                    raise ParseError(_lineno(body, start), "a TYPE line without a metric name")
+                continue  # a plain comment (also "#x TYPE ...": HELP/TYPE must be the first token after "#")
+            if not _NAME.fullmatch(parts[2]):
+                raise ParseError(_lineno(body, start), f"bad metric name {parts[2]!r} in a {parts[1]} line")
             if parts[1] == "HELP":
                 help_name, help_text = parts[2], (_unescape_help(parts[3]) if len(parts) > 3 else "")
                 if current is not None and help_name in (current.name, current.name + "_total"):
@@ -286,7 +325,7 @@ def parse(body: str, keep: Callable[[str], bool] | None = None) -> dict[str, Fam
                 if kept:
                     current = families.setdefault(help_name, Family(help_name, help=help_text))
                 continue
-            typ = parts[3].strip() if len(parts) > 3 else ""
+            typ = parts[3] if len(parts) > 3 else ""  # the line is stripped: no .strip() of U+3000 here
             if typ not in _TYPES:
                 raise ParseError(_lineno(body, start), f"unknown type {typ!r}")
             if typ == "untyped":
@@ -342,6 +381,12 @@ def parse(body: str, keep: Callable[[str], bool] | None = None) -> dict[str, Fam
                 if _family_of(line[:cut], current):
                     pos = nl + 1
                     continue
+            j = pos
+            while j < end and body[j] in " \t":
+                j += 1
+            if j < end and body[j] == "#":
+                pos = j  # an indented comment line: read as a comment by the loop's next turn
+                continue
             current = None  # fell out of the skipped family into an undeclared one
         elif current is not None and pos >= tried:
             # A kept family: read its block (up to the next comment line) at once if it is well-formed.
@@ -366,7 +411,7 @@ def parse(body: str, keep: Callable[[str], bool] | None = None) -> dict[str, Fam
                     labels = label_cache.get(text)
                     if labels is None:
                         labels = _parse_labels(text, 0)
-                sample = Sample(name, labels, float(value), None if ts is None else float(ts) / 1000.0)
+                sample = Sample(name, labels, float(value), None if ts is None else _seconds(ts))
                 pos = m.end()
             except ValueError:
                 sample = None  # the general path below raises the error with its line number

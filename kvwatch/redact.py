@@ -89,4 +89,7 @@ class SecretFilter(logging.Filter):
                 record.exc_text = scrub(record.exc_text, self.secrets)
             if clean != msg:
                 record.msg, record.args = clean, None
+            target = getattr(record, "target", None)  # --log-format json writes it as a field of its own
+            if isinstance(target, str):
+                record.target = scrub(target, self.secrets)
         return True

@@ -17,7 +17,7 @@ import math
 from array import array
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from kvwatch.normalize import CacheConfig, EngineSnapshot, Histogram
 
@@ -343,7 +343,28 @@ def summarize(
     s.throughput = throughput_signals(pts, measured or Measured())
     s.latency = latency_signals(first, last)
     s.capacity = capacity_signals(history, first, last, s.kv, s.queue)
+    _drop_non_finite(s)
     return s
+
+
+_DEFAULTS: dict[type, dict[str, object]] = {}
+
+
+def _drop_non_finite(s: Signals) -> None:
+    """A non-finite signal is an unknown one. normalize drops NaN and infinite samples, but finite ones
+    from a broken or hostile upstream can still add up past the largest float (1e308 + 1e308) or divide
+    into one: none of that may reach the rules (int(inf) raises) or the JSON API (NaN is not JSON)."""
+    for part in (s.kv, s.queue, s.throughput, s.capacity):
+        defaults = _DEFAULTS.get(type(part))
+        if defaults is None:
+            defaults = _DEFAULTS[type(part)] = {f.name: f.default for f in fields(part)}
+        for name in part.__slots__:
+            v = getattr(part, name)
+            if type(v) is float and not math.isfinite(v):
+                setattr(part, name, defaults[name])
+    for qs in s.latency.quantiles.values():
+        for q in [q for q, v in qs.items() if not math.isfinite(v)]:
+            del qs[q]
 
 
 def kv_signals(pts: list[Point]) -> KvSignals:
@@ -428,7 +449,8 @@ def throughput_signals(pts: list[Point], measured: Measured) -> ThroughputSignal
             th.engine_step_tokens = it.sum / it.count
             th.steps_per_second = it.count / (last.t - first.t)
             # every observation is at most the first bound whose bucket holds them all (None: only +Inf does)
-            top = next(b for b, c in zip(it.bounds, it.counts, strict=False) if c >= it.count)
+            # (a histogram whose count exceeds even its +Inf bucket is inconsistent: no bound is known)
+            top = next((b for b, c in zip(it.bounds, it.counts, strict=False) if c >= it.count), math.inf)
             th.step_tokens_max = None if math.isinf(top) else top
         elif it is not None:
             # vLLM observes iteration_tokens only for a step that emits output, and a chunked prefill emits

@@ -38,7 +38,7 @@ def quick():
 def test_prints_the_table_of_ratios(quick):
     _, table = quick
     assert "cycle / parse-baseline" in table
-    for row in ("(a) real vLLM 0.32", "(b) 8 engines x 2 models", "series", "16x", "peak RSS", "fan-in", "detection"):
+    for row in ("(a) real vLLM 0.32", "(b) 8 engines x 2 models", "series", "16x", "peak RSS", "fan-in", "detection", "logs:"):
         assert row in table
 
 
@@ -82,6 +82,17 @@ def test_fanin_and_detection_ran_against_real_processes(quick):
     trial = det["trials"][0]
     # the simulator reached its KV-bound state (ground truth from the scheduler), with none before
     assert trial["onset_after_phase_s"] is not None and trial["kv_blocked_steps_in_warmup"] == 0
+
+
+def test_logs_memory_against_a_tenth_of_the_input(quick):
+    res, _ = quick
+    for mode in ("report", "json"):
+        r = res["logs"][mode]
+        assert r["big_bytes"] == 10 * r["small_bytes"] or r["big_bytes"] // 10 == r["small_bytes"]
+        assert _positive(r["big_peak_rss_mib"]) and _positive(r["small_peak_rss_mib"]) and _positive(r["ratio"])
+    runs = res["logs"]["runs"]
+    assert "Dominant bottleneck:" in runs[1]["report_tail"]  # the report came out at the end of the stream
+    assert runs[3]["output_lines"] > runs[2]["output_lines"] > 0  # --json: one line a record, as read
 
 
 def test_check_fails_when_a_ratio_is_over_the_limit():

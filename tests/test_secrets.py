@@ -4,14 +4,17 @@ and the environment that carries them appear in no label, page, API document, lo
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
+import re
 import sys
 
 import httpx
 import pytest
 
 from kvwatch.config import ConfigError, load_settings
+from kvwatch.logformat import formatter
 from kvwatch.redact import REDACTED, SecretFilter, redact_url, scrub, url_secrets
 from tests.helpers.fake_vllm import FakeVllm as Upstream
 from tests.helpers.ports import free_port
@@ -69,9 +72,40 @@ async def _wait(pred, what: str, timeout: float = 60.0):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def test_json_log_lines_are_scrubbed_too():
+    """--log-format json: the filter rewrites the record before the formatter, message, exception and target alike."""
+    url = f"http://u:{PASSWORD}@h/m?token={QUERY_TOKEN}"
+    try:
+        raise RuntimeError(f"connect to {url} failed")
+    except RuntimeError:
+        exc = sys.exc_info()
+    record = logging.LogRecord("httpx", logging.WARNING, __file__, 1, "GET %s", (url,), exc)
+    record.target = url  # a caller that passed the raw URL by mistake
+    handler = logging.StreamHandler()
+    handler.addFilter(SecretFilter(url_secrets(url) + [BEARER]))
+    handler.setFormatter(formatter("json"))
+    assert handler.filter(record)
+    line = handler.format(record)
+    doc = json.loads(line)
+    assert "\n" not in line and set(doc) == {"time", "level", "message", "target", "logger", "exception"}
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", doc["time"])
+    assert (doc["level"], doc["logger"]) == ("warning", "httpx")
+    assert doc["message"] == f"GET {redact_url(url)}" and doc["target"] == redact_url(url)
+    assert "RuntimeError: connect to" in doc["exception"]
+    for secret in (PASSWORD, QUERY_TOKEN):
+        assert secret not in line
+
+
+def test_a_bad_log_format_is_one_line_naming_the_setting():
+    with pytest.raises(ConfigError) as e:
+        load_settings(log_format="yaml")
+    assert str(e.value) == "invalid setting --log-format (env KVWATCH_LOG_FORMAT): 'yaml' is not one of text, json"
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-async def test_no_secret_in_any_output_through_success_failure_and_reconnect(tmp_path):
+@pytest.mark.parametrize("log_format", ["text", "json"])
+async def test_no_secret_in_any_output_through_success_failure_and_reconnect(tmp_path, log_format):
     token_file = tmp_path / "token"
     token_file.write_text(BEARER + "\n")
     async with Upstream() as up:
@@ -82,7 +116,8 @@ async def test_no_secret_in_any_output_through_success_failure_and_reconnect(tmp
         label = f"http://127.0.0.1:{up.port}/metrics?token=<secret>&x=1"
         port = free_port()
         env = {**os.environ, "KVWATCH_TARGET": target, "KVWATCH_BEARER_TOKEN_FILE": str(token_file),
-               "KVWATCH_LOG_LEVEL": "debug", "KVWATCH_LISTEN": f"127.0.0.1:{port}", "KVWATCH_INTERVAL": "0.5"}
+               "KVWATCH_LOG_LEVEL": "debug", "KVWATCH_LISTEN": f"127.0.0.1:{port}", "KVWATCH_INTERVAL": "0.5",
+               "KVWATCH_LOG_FORMAT": log_format}
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "kvwatch", "run", env=env,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True)
@@ -113,12 +148,18 @@ async def test_no_secret_in_any_output_through_success_failure_and_reconnect(tmp
     log = err.decode() + out.decode()
     assert len(up.auth_headers) >= 3 and all(h == f"Bearer {BEARER}" for h in up.auth_headers)  # the token was sent
     assert f"scraping {label}" in log and f"scrape of {label} failed" in log  # the log names the target...
-    assert "DEBUG" in log  # ...at debug level, with the libraries' records too
+    assert ("DEBUG" if log_format == "text" else '"level": "debug"') in log  # ...at debug level, libraries' too
     for secret in (PASSWORD, QUERY_TOKEN, BEARER):
         assert secret not in log, f"{secret} in the log"
         for page in pages:
             assert secret not in page, f"{secret} in {page[:200]}"
     assert any(label in p for p in pages[-3:-1])  # the landing page and the JSON name the redacted target
+    if log_format == "json":  # one object per line, every line; the target's records name it in a field
+        docs = [json.loads(line) for line in err.decode().splitlines()]
+        assert docs and all({"time", "level", "message", "logger"} <= set(d) for d in docs)
+        assert {d["level"] for d in docs} >= {"debug", "info", "warning"}
+        about = [d for d in docs if d["message"].startswith(("scraping ", "scrape of "))]
+        assert len(about) >= 3 and all(d["target"] == label and d["logger"] == "kvwatch" for d in about), about
 
 
 @pytest.mark.slow

@@ -27,11 +27,12 @@ from kvwatch.diagnose import Hints
 from kvwatch.logs.analyze import LogAnalyzer, RecordResult
 from kvwatch.logs.lines import Unframer
 from kvwatch.logs.records import Assembler, Event, StatsRecord
-from kvwatch.logs.report import render_report, render_row
+from kvwatch.logs.report import Summary, render_report, render_row
 
 __all__ = ["LogSession", "main"]
 
 MAX_LINE = 1 << 20  # a longer physical line is read in pieces (no stats record is that long)
+QUEUED_LINES = 64  # standard input: lines read ahead of the parser (at most 64 MiB of them, if each were MAX_LINE)
 IDLE_FLUSH = 0.5  # seconds without input before a held record is given out (stdin, --follow)
 POLL = 0.2  # --follow: seconds between looks at the file
 
@@ -79,12 +80,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 class LogSession:
-    """One pass over one log: physical lines in, diagnosed records out (to ``on_record``)."""
+    """One pass over one log: physical lines in, diagnosed records out (to ``on_record``), and the report's
+    ``summary``. With ``keep_results`` (a library caller's default) every record's result is also kept in
+    ``results``; the command keeps none, so its memory does not grow with the log."""
 
-    def __init__(self, hints: Hints = Hints(), on_record: Callable[[RecordResult], None] | None = None):
+    def __init__(
+        self,
+        hints: Hints = Hints(),
+        on_record: Callable[[RecordResult], None] | None = None,
+        keep_results: bool = True,
+    ):
         self.unframer = Unframer()
         self.assembler = Assembler()
-        self.analyzer = LogAnalyzer(hints)
+        self.analyzer = LogAnalyzer(hints, keep_results=keep_results)
+        self.summary = Summary()
         self.on_record = on_record
         self.lines = 0
 
@@ -94,6 +103,7 @@ class LogSession:
                 self.analyzer.event(it)
             elif isinstance(it, StatsRecord):
                 res = self.analyzer.record(it)
+                self.summary.add(res)
                 if self.on_record is not None:
                     self.on_record(res)
 
@@ -133,7 +143,7 @@ def _read_lines(f: BinaryIO, start: int = 0) -> Iterator[tuple[str, int]]:
 
 def _stdin_lines(session: LogSession, stream: BinaryIO) -> None:
     """Standard input as it arrives (a pipe from ``kubectl logs -f``): records are given out within ~0.5 s."""
-    q: queue.Queue = queue.Queue(maxsize=10000)
+    q: queue.Queue = queue.Queue(maxsize=QUEUED_LINES)
 
     def reader():
         try:
@@ -261,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         elif streaming:
             print(render_row(res), flush=True)
 
-    session = LogSession(hints, on_record)
+    session = LogSession(hints, on_record, keep_results=False)
     previous = _stop_on_sigterm() if streaming else None
     try:
         try:
@@ -269,13 +279,14 @@ def main(argv: list[str] | None = None) -> int:
         except (KeyboardInterrupt, _Stop):
             pass  # --follow and pipes end here: report what was read
         session.finish()
-        if not session.results:
+        if not session.summary.count:
             sys.stderr.write(f"kvwatch logs: no vLLM stats line found in {name} ({session.lines} lines read)\n")
             return 1
         if not args.json:
             if streaming:
                 print()
-            print(render_report(name, session.analyzer, session.assembler.skipped), flush=True)
+            a = session.assembler
+            print(render_report(name, session.analyzer, session.summary, a.skipped_count, a.skipped), flush=True)
         return 0
     except BrokenPipeError:  # `kvwatch logs ... | head`
         try:

@@ -23,7 +23,7 @@ from typing import Any, Generic, TypeVar
 from kvwatch.catalog import Bottleneck, Source, Thresholds
 from kvwatch.diagnose import Diagnosis, Hints, diagnose_engine
 from kvwatch.logs.records import Event, StatsRecord
-from kvwatch.normalize import CacheConfig, EngineSnapshot
+from kvwatch.normalize import OVERFLOW, CacheConfig, EngineSnapshot
 from kvwatch.window import RECENT, EngineHistory, Measured, summarize
 
 __all__ = ["LogAnalyzer", "RecordResult", "ServerConfig"]
@@ -41,6 +41,14 @@ class Known(Generic[T]):
     value: T
     line: int
     how: str  # "start-up arguments", "engine config", ...
+
+
+MAX_KEYS = 1024  # start-up settings, or DP ranks, one server run remembers
+
+
+def _put_rank(table: dict, rank: int | None, value: Known) -> None:
+    if rank in table or len(table) < MAX_KEYS:
+        table[rank] = value
 
 
 @dataclass
@@ -63,6 +71,8 @@ class ServerConfig:
     def put(self, key: str, value, line: int, how: str, overwrite: bool = True) -> None:
         if value is None or (not overwrite and key in self.known):
             return
+        if key not in self.known and len(self.known) >= MAX_KEYS:
+            return  # a hostile log's endless argument names must not grow memory
         self.known[key] = Known(value, line, how)
 
     def _per_rank(self, table: dict[int | None, Known[T]], rank: int | None) -> Known[T] | None:
@@ -188,21 +198,26 @@ def _fmt_int(n) -> str:
 class LogAnalyzer:
     """Feed events and records in log order; each record comes back diagnosed."""
 
-    def __init__(self, hints: Hints = Hints(), thresholds: Thresholds = Thresholds()):
+    KEPT_RUNS = 6  # server runs whose start is remembered (the report names five, then the last)
+    MAX_ENGINES = 1024  # engines with a history of their own; later ones share one (a hostile log)
+
+    def __init__(self, hints: Hints = Hints(), thresholds: Thresholds = Thresholds(), keep_results: bool = True):
         self.cli_hints = hints
         # A stats line stands for 10 s, far longer than the step by which KV usage lags admission:
         # one line with a queue is enough to name a limit, and two lines at Running's maximum are a plateau
         # (the history holds three).
         self.thresholds = replace(thresholds, min_queue_samples=1, plateau_samples=2)
         self.config = ServerConfig()
-        self.configs: list[ServerConfig] = [self.config]  # one per server start seen in the log
+        self.configs: list[ServerConfig] = [self.config]  # the first KEPT_RUNS server runs (and self.config, the last)
+        self.runs = 1  # server runs seen (a start-up after records begins a new one)
         self.engines: dict[str, _Engine] = {}
         self.records_since_start = 0
         self.v0_counter = 0  # highest total_num_cumulative_preemption seen since the server started
         self.v0_counter_line = 0
         self.v0_swap_preemption = False
         self.clock: str | None = None  # "collector" or "vllm": which timestamps this log's records carry
-        self.results: list[RecordResult] = []
+        self.keep_results = keep_results
+        self.results: list[RecordResult] = []  # every record's result, if keep_results (a library caller's)
 
     # ------------------------------------------------------------------ events
 
@@ -243,14 +258,16 @@ class LogAnalyzer:
             for key, value in d.items():
                 c.put(key, value, ev.line, "vLLM's default for this usage context", overwrite=False)
         elif ev.kind == "kv_size":
-            c.kv_size[ev.dp_rank] = Known(d["tokens"], ev.line, f"{d['device'] or 'GPU'} KV cache size line")
+            _put_rank(c.kv_size, ev.dp_rank, Known(d["tokens"], ev.line, f"{d['device'] or 'GPU'} KV cache size line"))
         elif ev.kind == "concurrency":
-            c.concurrency[ev.dp_rank] = Known((d["max_model_len"], d["concurrency"]), ev.line, "concurrency line")
+            _put_rank(
+                c.concurrency, ev.dp_rank, Known((d["max_model_len"], d["concurrency"]), ev.line, "concurrency line")
+            )
         elif ev.kind in ("blocks", "override_blocks"):
-            c.blocks[ev.dp_rank] = Known(d["num_gpu_blocks"], ev.line, "blocks line")
+            _put_rank(c.blocks, ev.dp_rank, Known(d["num_gpu_blocks"], ev.line, "blocks line"))
         elif ev.kind == "num_gpu_blocks":
             rank = int(d["engine"]) if d.get("engine") else ev.dp_rank
-            c.blocks[rank] = Known(d["num_gpu_blocks"], ev.line, "num_gpu_blocks line")
+            _put_rank(c.blocks, rank, Known(d["num_gpu_blocks"], ev.line, "num_gpu_blocks line"))
         elif ev.kind == "preemption":
             if d["counter"] > self.v0_counter:
                 self.v0_counter, self.v0_counter_line = d["counter"], ev.line
@@ -258,20 +275,35 @@ class LogAnalyzer:
                 self.v0_swap_preemption = True
         elif ev.kind == "iteration":
             key = d["engine"] if d.get("engine") is not None else "000"
-            e = self.engines.get(key)
-            if e is None:
-                e = self.engines[key] = self._new_engine(key)
+            e = self._engine(key)
             e.steps += 1
             e.step_tokens += d["context_tokens"] + d["generation_tokens"]
             e.has_steps = True
 
+    @property
+    def runs_started(self) -> int:
+        """Server runs whose start-up lines were seen (the first run's may precede the log)."""
+        return self.runs - (1 if self.configs[0].start_line is None else 0)
+
     def _restart(self, line: int) -> None:
         self.config = ServerConfig(start_line=line)
-        self.configs.append(self.config)
+        self.runs += 1
+        if len(self.configs) < self.KEPT_RUNS:
+            self.configs.append(self.config)
         self.engines = {}
         self.records_since_start = 0
         self.v0_counter = 0
         self.v0_swap_preemption = False
+
+    def _engine(self, key: str) -> _Engine:
+        e = self.engines.get(key)
+        if e is None:
+            if len(self.engines) >= self.MAX_ENGINES:
+                key = OVERFLOW  # endless engine numbers must not grow memory: the rest share one history
+                e = self.engines.get(key)
+            if e is None:
+                e = self.engines[key] = self._new_engine(key)
+        return e
 
     def _new_engine(self, key: str) -> _Engine:
         return _Engine(
@@ -298,9 +330,7 @@ class LogAnalyzer:
     def record(self, rec: StatsRecord) -> RecordResult:
         c = self.config
         self.records_since_start += 1
-        e = self.engines.get(rec.engine)
-        if e is None:
-            e = self.engines[rec.engine] = self._new_engine(rec.engine)
+        e = self._engine(rec.engine)
         e.history.model_name = c.model_name or e.history.model_name
         t, interval, typical = self._timing(rec, e)
         e.prompt += rec.prompt_tokens_per_second * interval
@@ -317,7 +347,8 @@ class LogAnalyzer:
         d = diagnose_engine(s, hints, self.thresholds)
         notes = self._notes(rec, d, hints, preemptions, interval, cap_from, cap_how, e)
         res = RecordResult(rec, d, interval, t, preemptions, notes)
-        self.results.append(res)
+        if self.keep_results:
+            self.results.append(res)
         return res
 
     def _timing(self, rec: StatsRecord, e: _Engine) -> tuple[float, float, float]:

@@ -73,6 +73,8 @@ class Logical:
 class Unframer:
     """Feed physical lines (without their ``\\n``) in order; get logical lines back."""
 
+    MAX_PARTIAL = 1 << 20  # CRI/JSON partial chunks are joined up to this many characters, then given out
+
     def __init__(self):
         self._partial: Logical | None = None
 
@@ -109,7 +111,7 @@ class Unframer:
             first = self._partial
             self._partial = None
             text, line, ts = first.text + text, first.line, first.ts if first.ts is not None else ts
-        if partial:
+        if partial and len(text) < self.MAX_PARTIAL:  # an endless run of partial chunks must not grow memory
             self._partial = Logical(text, line, ts, framed)
             return []
         # A progress bar redraws itself with \r; whatever follows the last \r is what a terminal shows,

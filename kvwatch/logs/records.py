@@ -415,12 +415,14 @@ class Assembler:
     MAX_BLOCK_PIECES = 200  # a ~4000-character start-up config line wrapped at 35 columns is ~115
     MAX_BLOCK_CHARS = 1 << 16
     V0_PATIENCE = 3  # lines a V0 record waits for its prefix-cache line
+    SKIPPED_KEPT = 100  # the report names the first ten; the count is exact
 
     def __init__(self):
         self.block: _Block | None = None
         self.held: _Held | None = None
         self.pending: list[Event] = []  # events after the held record, emitted after it
-        self.skipped: list[int] = []
+        self.skipped: list[int] = []  # line numbers of the first SKIPPED_KEPT incomplete records
+        self.skipped_count = 0
 
     # ------------------------------------------------------------------ public
 
@@ -516,7 +518,9 @@ class Assembler:
             if h.parsed.complete:
                 out.append(_record(h))
             else:
-                self.skipped.append(h.line)
+                self.skipped_count += 1
+                if len(self.skipped) < self.SKIPPED_KEPT:
+                    self.skipped.append(h.line)
         out += self.pending
         self.pending = []
         return out
