@@ -103,7 +103,7 @@ def _one(total: int, json_mode: bool) -> dict:
                 if keep_tail:
                     counted[0] += 1
                     tail.append(line)
-                    del tail[:-40]
+                    del tail[:-200]  # the whole closing report (its evidence and notes run to ~2 KB)
                 else:
                     err.extend(line[:1000])
 
@@ -123,7 +123,7 @@ def _one(total: int, json_mode: bool) -> dict:
         "seconds": seconds,
         "mib_per_second": total / 2**20 / seconds,
         "output_lines": counted[0],
-        "report_tail": b"".join(tail).decode(errors="replace")[-1500:],
+        "report_tail": b"".join(tail).decode(errors="replace")[-20000:],
     }
 
 
