@@ -140,11 +140,14 @@ def _parse_float(text: str, lineno: int) -> float:
         raise ParseError(lineno, f"bad value {text!r}") from None
 
 
-def _seconds(text: str, value: float | None = None) -> float:
+def _seconds(text: str, value: float | None = None, lineno: int = 0) -> float:
     """An exposition timestamp (milliseconds, an integer by the format) in seconds: int / 1000 is rounded once,
-    float(text) / 1000 twice, and differs past 2**53 ms (found by the fuzz)."""
+    float(text) / 1000 twice, and differs past 2**53 ms (found by the fuzz). An integer too large for a float
+    is an error (a ParseError, so the fast paths hand the line to the general one), as in prometheus_client."""
     try:
         return int(text) / 1000
+    except OverflowError:
+        raise ParseError(lineno, f"bad timestamp {text[:40]!r}") from None
     except ValueError:
         return (float(text) if value is None else value) / 1000.0
 
@@ -171,7 +174,7 @@ def _parse_sample(line: str, lineno: int) -> Sample:
     value = _parse_float(rest[0], lineno)
     ts = None
     if len(rest) == 2:
-        ts = _seconds(rest[1], _parse_float(rest[1], lineno))
+        ts = _seconds(rest[1], _parse_float(rest[1], lineno), lineno)
     return Sample(name, labels, value, ts)
 
 
