@@ -778,7 +778,9 @@ def _stricter_why(text: str, err: ParseError) -> str | None:
     if text and not text.endswith("\n") and "does not end with a newline" in msg:
         return "no_final_newline"
     if _NON_BLANK_SPACE.search(line):
-        fixed = text.replace(line, _NON_BLANK_SPACE.sub(" ", line), 1)
+        lines = text.split("\n")
+        lines[err.line - 1] = _NON_BLANK_SPACE.sub(" ", line)  # this line, not an equal one before it
+        fixed = "\n".join(lines)
         again = ours(fixed)
         if again[0] == "ok" or again[1].line > err.line:
             return "non_blank_whitespace"

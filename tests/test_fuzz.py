@@ -36,6 +36,7 @@ FIXED = {
     "double_trailing_comma.prom": ("reject", "bad label set"),
     "type_without_name.prom": ("reject", "a TYPE line without a metric name"),
     "timestamp_rounding.prom": ("ok", None),
+    "timestamp_overflow.prom": ("reject", "bad timestamp"),
 }
 # Deliberate differences from prometheus_client's text parser: (class, the EXPLANATIONS name the fuzz gives it).
 DELIBERATE = {
