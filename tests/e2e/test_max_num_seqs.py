@@ -23,6 +23,12 @@ LIGHT = dict(num_requests=60, input_len=128, output_len=256, concurrency=2, max_
 BURST = dict(num_requests=160, input_len=300, output_len=150, max_seconds=90)
 WARMUP = 5.0
 SHARE = 0.8
+#: Without the hint, max_num_seqs is named only on a plateau (catalog.Thresholds.plateau_*: Running at its window
+#: maximum in 3 of the last 5 samples, prompts admitted meanwhile); on a loaded 2-core machine 1-s samples of
+#: Running dip while every slot is busy, and kvwatch then says none (low confidence: no limit identified), the
+#: honest answer, not a wrong one. 67 of 87 saturated samples (77 %) at load ~4 here. The share still fails a
+#: kvwatch that never infers the ceiling; naming a wrong limit is caught separately below.
+NOHINT_SHARE = 0.6
 #: kvwatch's window (its default)
 WINDOW = 10.0
 
@@ -69,7 +75,8 @@ async def test_max_num_seqs(server, scenario_dir, vocab_size):
         # the scenario itself: the ceiling binds, KV has room
         assert info["vllm_running"]["max"] == MAX_NUM_SEQS and info["vllm_kv"]["max"] < 0.5, brief(info)
         bn = counts(r.bottleneck for r in sat)
-        assert bn.get("max_num_seqs", 0) >= SHARE * len(sat), f"{v}: bottleneck while waiting: {bn}"
+        share = SHARE if v == "hint" else NOHINT_SHARE
+        assert bn.get("max_num_seqs", 0) >= share * len(sat), f"{v}: bottleneck while waiting: {bn}"
         # Never a wrong limit once the burst's first admission wave has left kvwatch's window: that wave is
         # one step of 4 x 300 prompt tokens, and vLLM counts it whole at its end (see test_token_budget), so
         # a window of few steps (a loaded machine: ~8 steps/s, 2.9 s into one run) averages over the 64 tokens
