@@ -591,8 +591,8 @@ class _Plateau:
 
 def _plateau(s: Signals, th: Thresholds) -> _Plateau | None:
     """Running at its window maximum (within ``plateau_tolerance``) in at least ``plateau_share`` of the latest
-    ``plateau_samples`` samples, every one with a queue, neither rising nor falling over them, and prefill
-    completed between the first and the last (slots turned over)."""
+    ``plateau_samples`` samples, every one with a queue, neither rising nor falling over them, prefill
+    completed between the first and the last (slots turned over), and tokens still generated at the end."""
     n, peak = max(2, th.plateau_samples), s.queue.running_max_waiting
     pts = s.queue.streak[-n:]
     if len(pts) < n or not peak:
@@ -602,6 +602,11 @@ def _plateau(s: Signals, th: Thresholds) -> _Plateau | None:
         return None
     a, b = pts[0].prompt_tokens, pts[-1].prompt_tokens
     if a is None or b is None or b <= a:  # nothing admitted: one long request, not a ceiling shown
+        return None
+    g, h = pts[-2].generation_tokens, pts[-1].generation_tokens
+    if g is not None and h is not None and h <= g:
+        # No token since the previous sample: an engine that stopped stepping holds Running flat too (the
+        # gpu_stalled preset read as an inferred ceiling for the seconds before the stall rule could tell).
         return None
     return _Plateau(peak, at_max, n, pts[-1].t - pts[0].t)
 

@@ -158,6 +158,7 @@ class StreakPoint:
     waiting: float
     kv: float | None
     prompt_tokens: float | None
+    generation_tokens: float | None = None  # the reset-corrected cumulative count, None if not exported
 
 
 @dataclass(slots=True)
@@ -426,6 +427,7 @@ def _streak(pts: list[Point]) -> tuple[StreakPoint, ...]:
             p.gauges.get("requests_waiting", 0.0),
             p.gauges.get("kv_cache_usage_ratio"),
             p.counters.get(key),
+            p.counters.get("generation_tokens"),
         )
         for p in pts
     )
