@@ -233,6 +233,11 @@ class Thresholds:
     prefill_min_spans: int = 2
     # A single request caught between arrival and admission is not a queue.
     brief_queue_requests: float = 2.0
+    # Nor, at GPU scale, a queue this small a share of Running when no rule above names a limit: ~60 running at
+    # 20 requests/s catch 1-2 arrivals between steps in most samples (the gpu_healthy preset's log read
+    # token_budget and "no limit identified" on them). Transient waiting is ~step time / request time of
+    # Running (~0.5 %): this is ten times that.
+    small_queue_share: float = 0.05
     # Steps carrying at least this share of --max-num-batched-tokens are full: chunked prefill fills the
     # budget minus the decodes' tokens (token_budget capture: ~250 of 256).
     full_step_budget_share: float = 0.75

@@ -192,6 +192,9 @@ class ThroughputSignals:
     prompt_tokens_all_per_second: float | None = None
     generation_tokens_per_second: float | None = None
     preemptions_per_second: float | None = None
+    # over the last RECENT samples only: a window's preemptions can be the previous state's (the tour's recovery
+    # read kv_cache 6 s in, KV at 0.06, one request waiting, on the kv_cache phase's preemptions)
+    preemptions_recent_per_second: float | None = None
     gap: bool = False  # the last interval: prompt throughput ~0 while generation goes on and requests wait
     gap_fraction: float | None = None
     # vllm:iteration_tokens_total over the window: a prompt counts whole (its prefill's computed tokens) in
@@ -443,6 +446,7 @@ def throughput_signals(pts: list[Point], measured: Measured) -> ThroughputSignal
             th.prompt_tokens_per_second = th.prompt_tokens_all_per_second
         th.generation_tokens_per_second = _rate(first, last, "generation_tokens")
         th.preemptions_per_second = _rate(first, last, "preemptions")
+        th.preemptions_recent_per_second = _rate(pts[max(0, len(pts) - 1 - RECENT)], last, "preemptions")
         q, h = _rate(first, last, "prefix_cache_queries"), _rate(first, last, "prefix_cache_hits")
         if q and h is not None and q > 0:
             th.prefix_cache_hit_ratio = h / q
@@ -466,6 +470,8 @@ def throughput_signals(pts: list[Point], measured: Measured) -> ThroughputSignal
         v = getattr(measured, name)
         if v is not None:
             setattr(th, name, v)
+    if measured.preemptions_per_second is not None:  # a log record's own interval is its recent past
+        th.preemptions_recent_per_second = measured.preemptions_per_second
     return th
 
 

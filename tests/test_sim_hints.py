@@ -64,3 +64,20 @@ def test_a_stalling_engine_is_never_given_a_limit(preset):
     for hinted, polls in observe(preset).items():
         named = [(round(p.sim_time - p.phase_start, 1), p.bottleneck) for p in polls if p.phase == "stalled"]
         assert named and {b for _, b in named} <= {"none", "stalled"}, (preset, hinted, named)
+
+
+@pytest.mark.parametrize("offset", [0.0, 0.2, 0.4, 0.6, 0.8])
+def test_past_preemptions_do_not_name_kv_once_it_has_drained(offset):
+    """The tour's recovery, scraped at every phase of the second: the kv_cache phase's preemptions stay in the
+    10-s window for seconds after KV drains, and a stray arrival then found them (the HTTP test once read
+    kv_cache 6-11 s into recovery with KV at 0.06). Only recent preemptions are a sign."""
+    sim, target = Simulator(load_scenario("tour"), seed=11, wall_start=1.8e9), Target("sim://tour")
+    seen = []
+    for k in range(1, 60):
+        sim.advance_to(k + offset)
+        target.observe_body(sim.virtual_time, render(sim))
+        (engine,) = target.diagnose(sim.virtual_time).engines
+        if sim.phase_name == "recovery":
+            seen.append((round(sim.now - sim.phase_start, 1), str(engine.bottleneck)))
+    late = [b for since, b in seen if since > CASES["tour"][1]["recovery"][1]]
+    assert late and set(late) == {"none"}, seen
