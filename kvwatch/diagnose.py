@@ -204,6 +204,10 @@ SENTENCES: dict[str, str] = {
     "no_limit": "{waiting!n} waiting with {running!n} running: requests wait, no limit identified",
     "ruled_out": "not seen: {what}",
     "unseen": "kvwatch could not see {what}",
+    "kv_offload": (
+        "CPU KV offload: up to {max!p} of the CPU tier pinned by in-flight transfers over the window ({now!p} now); "
+        "{meaning}"
+    ),
     "confidence": "confidence {level}: {reason}",
 }
 _FMT = _Formatter()
@@ -583,7 +587,11 @@ RULES: tuple[Rule, ...] = (
 
 def diagnose_engine(s: Signals, hints: Hints = Hints(), th: Thresholds = Thresholds()) -> Diagnosis:
     verdict = next(v for v in (rule(s, hints, th) for rule in RULES) if v is not None)
-    facts = [*verdict.facts, ("confidence", {"level": verdict.confidence, "reason": verdict.reason})]
+    facts = [
+        *verdict.facts,
+        *_offload_facts(s),
+        ("confidence", {"level": verdict.confidence, "reason": verdict.reason}),
+    ]
     d = Diagnosis(s.model_name, s.engine, verdict.bottleneck, s, evidence(facts), verdict.recommendations)
     d.confidence, d.confidence_reason = verdict.confidence, verdict.reason
     d.kv_pressure = kv_pressure(s.kv.recent_max, th)
@@ -594,6 +602,22 @@ def diagnose_engine(s: Signals, hints: Hints = Hints(), th: Thresholds = Thresho
     d.max_num_seqs = verdict.max_num_seqs or d.max_num_seqs
     d.max_num_batched_tokens = verdict.max_num_batched_tokens or d.max_num_batched_tokens
     return d
+
+
+def _offload_facts(s: Signals) -> list[Fact]:
+    """CPU KV offload, reported whenever vLLM exports it: it names no limit (our rules read GPU KV). The gauge is
+    the CPU tier's share pinned by transfers (vllm/v1/kv_offload/cpu: "sustained high values indicate transfers
+    ... may be dropped"), so a full share means offload saturated, not a full CPU cache."""
+    k = s.kv
+    if k.offload_pinned_max is None:
+        return []
+    saturated = k.offload_pinned_max >= 1.0  # vLLM's own scale: "0.0 = idle, 1.0 = saturated" (not a threshold)
+    meaning = (
+        "offload saturated: stores or promotions may be dropped, so fewer prefixes come back from CPU"
+        if saturated
+        else "not how full the CPU tier is"
+    )
+    return [("kv_offload", {"max": k.offload_pinned_max, "now": k.offload_pinned_ratio or 0.0, "meaning": meaning})]
 
 
 # ------------------------------------------------------------------------------------------- patterns

@@ -145,6 +145,10 @@ class KvSignals:
     mean: float | None = None
     slope_per_second: float | None = None
     seconds_to_full: float | None = None
+    # CPU KV offload (0.33, vllm:kv_offload_cpu_cache_usage_perc): the share of the CPU tier pinned by in-flight
+    # stores and loads, the latest and the window's maximum; not how full the tier is (normalize's docstring)
+    offload_pinned_ratio: float | None = None
+    offload_pinned_max: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,6 +296,8 @@ _JSON_NAMES: dict[str, dict[str, str]] = {
         "recent_max": "kv_usage_recent_max",
         "mean": "kv_usage_mean",
         "slope_per_second": "kv_usage_slope_per_second",
+        "offload_pinned_ratio": "kv_offload_pinned_ratio",
+        "offload_pinned_max": "kv_offload_pinned_max",
     },
     "queue": {
         "running": "requests_running",
@@ -373,6 +379,10 @@ def _drop_non_finite(s: Signals) -> None:
 
 def kv_signals(pts: list[Point]) -> KvSignals:
     k = KvSignals(usage_ratio=pts[-1].gauges.get("kv_cache_usage_ratio"))
+    pinned = [p.gauges["kv_offload_pinned_ratio"] for p in pts if "kv_offload_pinned_ratio" in p.gauges]
+    if pinned:
+        k.offload_pinned_ratio = pts[-1].gauges.get("kv_offload_pinned_ratio")
+        k.offload_pinned_max = max(pinned)
     with_kv = [p for p in pts if "kv_cache_usage_ratio" in p.gauges]
     if not with_kv:
         return k
