@@ -13,7 +13,8 @@ Asserted, with medians and shares rather than single samples:
 - light load: the desired replicas never exceed the two there are;
 - KV-bound and prefill-bound: the median desired replicas exceed them (the binding limit is kv_cache /
   token_budget on most samples);
-- max_num_seqs-bound: ``KvwatchScaleOutNotNeeded`` is pending or firing, and it is in no other phase.
+- max_num_seqs-bound: ``KvwatchScaleOutNotNeeded`` is pending or firing on most samples and fires; it fires in
+  no other phase.
 """
 
 from __future__ import annotations
@@ -123,7 +124,8 @@ def _run(prom: Prometheus, client: httpx.Client, sim: Kvwatch) -> dict[str, list
 def _judge(samples: dict[str, list[dict]]) -> None:
     report = {p: {"n": len(s), "desired_median": statistics.median([x["desired"] or 0 for x in s]) if s else None,
                   "binding": statistics.mode([",".join(x["binding"]) for x in s]) if s else None,
-                  "alerting": sum(1 for x in s if x["alert"])} for p, s in samples.items()}
+                  "alerting": sum(1 for x in s if x["alert"]),
+                  "firing": sum(1 for x in s if "firing" in x["alert"])} for p, s in samples.items()}
     print("\nautoscaling phases:", report)
     for phase in ("light", "kv_cache", "token_budget", "max_num_seqs"):
         assert len(samples[phase]) >= 10, (phase, report)
@@ -137,5 +139,9 @@ def _judge(samples: dict[str, list[dict]]) -> None:
     assert len(alerting) > len(samples["max_num_seqs"]) / 2, report
     assert all(x["alert_limit"] == ["max_num_seqs"] for x in alerting), report
     assert any("firing" in x["alert"] for x in alerting), report
+    # Elsewhere it never fires. Pending is allowed: for a few seconds after a switch from short to long
+    # requests the sequence lengths of finished requests are still the old phase's (a KV capacity far above
+    # max_num_seqs) while demand has jumped, which is what `for:` exists to ride out; a machine slow enough to
+    # stretch that past SETTLE must not fail the test.
     for phase in ("light", "kv_cache", "token_budget"):
-        assert not any(x["alert"] for x in samples[phase]), (phase, report)
+        assert not any("firing" in x["alert"] for x in samples[phase]), (phase, report)
