@@ -30,6 +30,7 @@ import string
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from kvwatch.capacity import capacity_sequences, demand_sequences, effective_capacity
 from kvwatch.catalog import Action, Bottleneck, Confidence, KvPressure, Source, Thresholds, most_severe
 from kvwatch.window import Signals, StreakPoint
 
@@ -90,6 +91,14 @@ class Diagnosis:
     max_num_batched_tokens: tuple[int, str] | None = None
     confidence: Confidence = Confidence.HIGH
     confidence_reason: str = ""
+    # Sequences each known limit holds at the observed lengths, the binding one, and the demand (kvwatch.capacity)
+    capacity_sequences: dict[Bottleneck, float] = field(default_factory=dict)
+    capacity_limit: Bottleneck | None = None
+    demand_sequences: float | None = None
+
+    @property
+    def capacity_sequences_effective(self) -> float | None:
+        return None if self.capacity_limit is None else self.capacity_sequences[self.capacity_limit]
 
     def as_dict(self) -> dict:
         def limit(v: tuple[int, str] | None) -> dict | None:
@@ -106,8 +115,18 @@ class Diagnosis:
             "kv_cache_pressure": self.kv_pressure,
             "max_num_seqs": limit(self.max_num_seqs),
             "max_num_batched_tokens": limit(self.max_num_batched_tokens),
+            "capacity": {
+                "sequences": {b: round(v, 4) for b, v in self.capacity_sequences.items()},
+                "binding_limit": self.capacity_limit,
+                "effective_sequences": _round(self.capacity_sequences_effective),
+                "demand_sequences": _round(self.demand_sequences),
+            },
             "signals": self.signals.as_dict(),
         }
+
+
+def _round(v: float | None) -> float | None:
+    return None if v is None else round(v, 4)
 
 
 def kv_pressure(usage: float | None, th: Thresholds) -> KvPressure:
@@ -601,6 +620,7 @@ def diagnose_engine(s: Signals, hints: Hints = Hints(), th: Thresholds = Thresho
         d.max_num_batched_tokens = (hints.max_num_batched_tokens, Source.CONFIGURED)
     d.max_num_seqs = verdict.max_num_seqs or d.max_num_seqs
     d.max_num_batched_tokens = verdict.max_num_batched_tokens or d.max_num_batched_tokens
+    _add_capacity(d)
     return d
 
 
@@ -618,6 +638,16 @@ def _offload_facts(s: Signals) -> list[Fact]:
         else "not how full the CPU tier is"
     )
     return [("kv_offload", {"max": k.offload_pinned_max, "now": k.offload_pinned_ratio or 0.0, "meaning": meaning})]
+
+
+def _add_capacity(d: Diagnosis) -> None:
+    """Capacity per limit at the ceilings just settled (configured or inferred), and the demand."""
+    seqs = d.max_num_seqs[0] if d.max_num_seqs else None
+    budget = d.max_num_batched_tokens[0] if d.max_num_batched_tokens else None
+    d.capacity_sequences = capacity_sequences(d.signals, seqs, budget)
+    binding = effective_capacity(d.capacity_sequences)
+    d.capacity_limit = binding[0] if binding else None
+    d.demand_sequences = demand_sequences(d.signals)
 
 
 # ------------------------------------------------------------------------------------------- patterns
