@@ -31,7 +31,9 @@ class Bottleneck(StrEnum):
 
     IDLE = "idle"
     NONE = "none"
+    ASLEEP = "asleep"
     TOKEN_BUDGET = "token_budget"
+    MAX_LORAS = "max_loras"
     MAX_NUM_SEQS = "max_num_seqs"
     KV_CACHE = "kv_cache"
     UNREACHABLE = "unreachable"
@@ -63,11 +65,23 @@ _BOTTLENECK_INFO: dict[Bottleneck, tuple[str, str, str]] = {
         "green",
         "serving, no queue building; or requests wait and no limit is identified yet (the evidence says why)",
     ),
+    Bottleneck.ASLEEP: (
+        "asleep",
+        "blue",
+        "vLLM's engine_sleep_state says the engine sleeps (sleep mode: weights offloaded or discarded): it serves "
+        "nothing until woken; never read as stalled",
+    ),
     Bottleneck.TOKEN_BUDGET: (
         "token budget",
         "yellow",
         "prefill paces admission: steps full at the per-step token budget, or without step data prompt "
         "throughput steady at its maximum; KV and sequence room to spare",
+    ),
+    Bottleneck.MAX_LORAS: (
+        "max_loras",
+        "light-orange",
+        "requests wait for a LoRA slot: the running adapters fill `max_lora` (lora_requests_info) while other "
+        "adapters wait, their requests deferred",
     ),
     Bottleneck.MAX_NUM_SEQS: (
         "max_num_seqs",
@@ -100,6 +114,7 @@ class Action(StrEnum):
     RAISE_MAX_NUM_SEQS = "raise_max_num_seqs"
     LOWER_MAX_NUM_SEQS = "lower_max_num_seqs"
     RAISE_MAX_NUM_BATCHED_TOKENS = "raise_max_num_batched_tokens"
+    RAISE_MAX_LORAS = "raise_max_loras"
     ADD_REPLICA = "add_replica"
     RESTART_ENGINE = "restart_engine"
 
@@ -123,6 +138,10 @@ _ACTION_INFO: dict[Action, tuple[str, str]] = {
     Action.RAISE_MAX_NUM_BATCHED_TOKENS: (
         "--max-num-batched-tokens",
         "a larger per-step budget admits prefills faster",
+    ),
+    Action.RAISE_MAX_LORAS: (
+        "--max-loras",
+        "more LoRA slots per batch; each reserves GPU memory for an adapter of --max-lora-rank",
     ),
     Action.ADD_REPLICA: ("replicas", "another engine: more KV cache and compute, another GPU"),
     Action.RESTART_ENGINE: ("restart", "the engine makes no progress although it has work"),
@@ -456,6 +475,14 @@ FAMILIES: tuple[Family, ...] = (
         "adapters",
         "LoRA adapters running / waiting.",
         doc="LoRA adapters `running` / `waiting` (from `lora_requests_info`)",
+    ),
+    _engine(
+        "kvwatch_engine_asleep",
+        "0/1",
+        "1 while vLLM's engine_sleep_state says the engine sleeps (sleep mode), 0 while awake.",
+        "capacity.asleep",
+        "1 while vLLM's `engine_sleep_state` says the engine sleeps (`weights_offloaded` or `discard_all`), 0 awake; "
+        "absent when vLLM exports no sleep state",
     ),
     Family(
         "kvwatch_diagnosis_confidence",

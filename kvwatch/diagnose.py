@@ -137,6 +137,14 @@ def _n(x: float | None) -> str:
 
 
 SENTENCES: dict[str, str] = {
+    "asleep": (
+        "vLLM's engine_sleep_state says the engine sleeps ({level_text}) with {running!n} running and {waiting!n} "
+        "waiting: it serves nothing until woken (POST /wake_up), which no flag of this engine changes"
+    ),
+    "lora_slots_full": (
+        "{waiting!n} requests waiting ({deferred_text}) while the running LoRA adapters fill max_loras={max_lora} "
+        "({running_adapters} running) and {waiting_adapters} more adapters wait for a slot (lora_requests_info)"
+    ),
     "no_progress": "{present!n} requests present ({running!n} running, {waiting!n} waiting) and no token produced for {seconds:.0f} s",
     "nothing_present": "no request running or waiting",
     "serving": "{running!n} running, none waiting{kv_text}",
@@ -227,6 +235,20 @@ def _waiting(s: Signals) -> float:
     return s.queue.waiting or 0.0
 
 
+_SLEEP_LEVEL_TEXT = {1: "level 1: weights offloaded to CPU", 2: "level 2: weights discarded"}
+
+
+def asleep(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
+    """Sleep mode (``--enable-sleep-mode``, POST /sleep): a sleeping engine steps no more and its gauges freeze, which
+    would read as stalled; vLLM says so itself in ``engine_sleep_state``, so this comes first and never advises a
+    restart (the engine is doing what it was told)."""
+    if not s.capacity.asleep:
+        return None
+    level = _SLEEP_LEVEL_TEXT.get(s.capacity.sleep_level or 0, "sleep level unknown")
+    fact = ("asleep", {"level_text": level, "running": _running(s), "waiting": _waiting(s)})
+    return Verdict(Bottleneck.ASLEEP, [fact], reason="vLLM's engine_sleep_state reads asleep")
+
+
 def stalled(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
     """Requests present and no token for ``stall_seconds``: /health may still say 200."""
     if s.throughput.stalled_seconds < th.stall_seconds:
@@ -251,6 +273,28 @@ def no_queue(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
     kv_text = f", KV cache {usage * 100:.0f}% used" if usage is not None else ""
     fact = ("serving", {"running": _running(s), "kv_text": kv_text})
     return Verdict(Bottleneck.NONE, [fact], reason="nothing waits")
+
+
+def max_loras(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
+    """Requests wait for a LoRA slot: the running adapters fill ``max_lora`` while other adapters wait. vLLM's
+    scheduler skips a request whose adapter would exceed max_loras and counts it deferred (0.12+
+    ``num_requests_waiting_by_reason{reason="deferred"}``): named only when the deferred requests are the whole
+    queue (or vLLM does not split it), so capacity-held requests go on to the rules below."""
+    c, deferred, waiting = s.capacity, s.queue.waiting_deferred, _waiting(s)
+    if not c.max_lora or not c.lora_waiting or (c.lora_running or 0) < c.max_lora:
+        return None
+    if s.queue.waiting_streak < th.min_queue_samples or (deferred is not None and deferred < waiting):
+        return None
+    deferred_text = "vLLM does not split the queue by reason" if deferred is None else f"{_n(deferred)} deferred"
+    numbers = {"running_adapters": c.lora_running, "waiting_adapters": c.lora_waiting, "max_lora": c.max_lora}
+    fact = ("lora_slots_full", {"waiting": waiting, "deferred_text": deferred_text} | numbers)
+    return Verdict(Bottleneck.MAX_LORAS, [fact, _kv_room(s)], lora_recommendations(s), reason=_lora_reason(deferred))
+
+
+def _lora_reason(deferred: float | None) -> str:
+    if deferred is None:
+        return "every LoRA slot is taken while adapters wait (lora_requests_info)"
+    return "every LoRA slot is taken while adapters wait, and vLLM counts the whole queue as deferred"
 
 
 def all_deferred(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
@@ -545,8 +589,10 @@ def no_limit_identified(s: Signals, hints: Hints, th: Thresholds) -> Verdict | N
 
 
 RULES: tuple[Rule, ...] = (
+    asleep,
     stalled,
     no_queue,
+    max_loras,
     all_deferred,
     kv_cache,
     at_configured_ceiling,
@@ -753,6 +799,20 @@ def seqs_recommendations(s: Signals, ceiling: int, th: Thresholds) -> list[Recom
     return [
         Recommendation(Action.RAISE_MAX_NUM_SEQS, why),
         Recommendation(Action.ADD_REPLICA, "if latency per token must not rise, spread the queue over more engines"),
+    ]
+
+
+def lora_recommendations(s: Signals) -> list[Recommendation]:
+    c = s.capacity
+    want = (c.lora_running or 0) + (c.lora_waiting or 0)
+    why = (
+        f"{c.lora_running} adapters fill max_loras={c.max_lora} while {c.lora_waiting} more wait: --max-loras {want} "
+        "would batch them all (trade-off: each slot reserves GPU memory for an adapter of --max-lora-rank, taken "
+        "from the KV cache; a lower --max-lora-rank makes slots cheaper)"
+    )
+    return [
+        Recommendation(Action.RAISE_MAX_LORAS, why),
+        Recommendation(Action.ADD_REPLICA, "or route each adapter's traffic to engines that keep it loaded"),
     ]
 
 

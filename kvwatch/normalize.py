@@ -54,10 +54,11 @@ PROMPT_BY_SOURCE = "vllm:prompt_tokens_by_source"  # {source="local_compute"} is
 WAITING_BY_REASON = "vllm:num_requests_waiting_by_reason"
 CACHE_CONFIG = "vllm:cache_config_info"
 LORA_INFO = "vllm:lora_requests_info"
+SLEEP_STATE = "vllm:engine_sleep_state"
 
 KEEP_FAMILIES: frozenset[str] = frozenset(
     [n for names in (*GAUGES.values(), *COUNTERS.values(), *HISTOGRAMS.values()) for n in names]
-    + [PROMPT_BY_SOURCE, WAITING_BY_REASON, CACHE_CONFIG, LORA_INFO]
+    + [PROMPT_BY_SOURCE, WAITING_BY_REASON, CACHE_CONFIG, LORA_INFO, SLEEP_STATE]
 )
 _RAY = "ray_vllm:"
 
@@ -116,6 +117,7 @@ class EngineSnapshot:
     lora_running: int | None = None
     lora_waiting: int | None = None
     max_lora: int | None = None
+    sleep_level: int | None = None  # 0 awake, 1 weights offloaded, 2 weights discarded (engine_sleep_state)
 
 
 _BOUNDS: dict[str, float] = {}  # "le" label text -> bucket bound; the same few recur on every scrape
@@ -189,6 +191,7 @@ def normalize(families: dict[str, Family], max_engines: int = 64) -> dict[tuple[
         return out  # no vLLM series: config and info families alone make no engine
     _apply_cache_config(fams.get(CACHE_CONFIG), out)
     _apply_lora_info(fams.get(LORA_INFO), out)
+    _apply_sleep_state(fams.get(SLEEP_STATE), out)
     return out
 
 
@@ -350,3 +353,27 @@ def _apply_lora_info(fam: Family | None, out: dict[tuple[str, str], EngineSnapsh
             s.lora_running = _adapters(smp.labels.get("running_lora_adapters"))
             s.lora_waiting = _adapters(smp.labels.get("waiting_lora_adapters"))
             s.max_lora = _num(smp.labels.get("max_lora"), int)
+
+
+# vLLM 0.32/0.33 loggers.py PrometheusStatLogger.record_sleep_state: per engine, awake=1 and the others 0 while
+# awake; asleep, awake=0 and weights_offloaded=1 (level 1) or discard_all=1 (level 2).
+_SLEEP_LEVELS = {"weights_offloaded": 1, "discard_all": 2}
+
+
+def _apply_sleep_state(fam: Family | None, out: dict[tuple[str, str], EngineSnapshot]) -> None:
+    """The engine's sleep level from ``engine_sleep_state{sleep_state}``; an awake=0 without a level is level 1
+    (vLLM sets neither level for a level other than 1 or 2: asleep all the same)."""
+    if fam is None:
+        return
+    for smp in fam.samples:
+        state = smp.labels.get("sleep_state")
+        if state not in ("awake", *_SLEEP_LEVELS) or not math.isfinite(smp.value):
+            continue
+        for s in _in_scope(out, smp.labels.get("model_name"), smp.labels.get("engine")):
+            s.sleep_level = _sleep_level(s.sleep_level, state, smp.value)
+
+
+def _sleep_level(level: int | None, state: str, value: float) -> int | None:
+    if state == "awake":
+        return (level or 1) if value < 1 else (level or 0)
+    return _SLEEP_LEVELS[state] if value >= 1 else level

@@ -227,6 +227,8 @@ class CapacitySignals:
     lora_running: int | None = None
     lora_waiting: int | None = None
     max_lora: int | None = None
+    asleep: bool | None = None  # vLLM's engine_sleep_state, latest scrape (None: not exported)
+    sleep_level: int | None = None  # 1 weights offloaded to CPU, 2 weights discarded
 
 
 @dataclass(slots=True)
@@ -540,6 +542,8 @@ def capacity_signals(
     if latest is not None:
         c.cache = latest.cache
         c.lora_running, c.lora_waiting, c.max_lora = latest.lora_running, latest.lora_waiting, latest.max_lora
+        if latest.sleep_level is not None:
+            c.asleep, c.sleep_level = latest.sleep_level > 0, latest.sleep_level or None
     cap = c.cache.capacity_tokens if c.cache else None
     if cap:
         c.capacity_tokens = cap

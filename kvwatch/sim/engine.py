@@ -145,6 +145,7 @@ class EngineStats:
         self.running = 0
         self.waiting = 0
         self.waiting_deferred = 0
+        self.sleep_level = 0  # 0 awake; 1, 2 asleep at that level (engine_sleep_state)
         self.kv_usage = 0.0
         self.running_loras: tuple[str, ...] = ()
         self.waiting_loras: tuple[str, ...] = ()

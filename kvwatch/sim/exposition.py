@@ -434,8 +434,14 @@ def _scheduler_families(pe: _PerEngine) -> None:
         "engine_sleep_state",
         "gauge",
         "sleep_state",
-        lambda s: (("awake", 1.0), ("weights_offloaded", 0.0), ("discard_all", 0.0)),
+        _sleep_state,
     )
+
+
+def _sleep_state(s) -> tuple[tuple[str, float], ...]:
+    """vLLM's record_sleep_state (v1/metrics/loggers.py): awake 1 and the rest 0, or awake 0 and the level's 1."""
+    level = s.sleep_level
+    return ("awake", float(level == 0)), ("weights_offloaded", float(level == 1)), ("discard_all", float(level == 2))
 
 
 def _deprecated_010_families(pe: _PerEngine) -> None:

@@ -37,6 +37,8 @@ A scenario is a JSON document (the presets live in ``kvwatch/scenarios/*.json``)
          "engine": {"max_num_seqs": 32}, # overrides of runtime flags (max_num_seqs,
                                          #   max_num_batched_tokens, max_loras, step_time)
          "stalled": false,               # the engine stops stepping (requests stay put)
+         "sleep_level": 0,               # 1 or 2: put to sleep (POST /sleep?level=N): it stops stepping and
+                                         #   engine_sleep_state says so
          "abort_waiting": false}         # clients abort every queued request when the phase starts
       ]
     }
@@ -309,6 +311,7 @@ class Phase(_Model):
     workload: Workload
     engine: EngineConfig
     stalled: bool = False
+    sleep_level: int = Field(0, ge=0, le=2)
     abort_waiting: bool = False
 
     @model_validator(mode="after")

@@ -136,6 +136,7 @@ class Simulator:
                     "generation_tokens": e.stats.gen_tokens,
                     "steps": e.stats.steps,
                     "stalled": e.stalled,
+                    "sleep_level": e.stats.sleep_level,
                     "max_num_seqs": e.cfg.max_num_seqs,
                     "max_num_batched_tokens": e.cfg.max_num_batched_tokens,
                 }
@@ -154,7 +155,8 @@ class Simulator:
         self.phase_log.append((t, ph.name))
         for e in self.engines:
             e.set_config(ph.engine, t)
-            e.set_stalled(ph.stalled, t)
+            e.set_stalled(ph.stalled or ph.sleep_level > 0, t)
+            e.stats.sleep_level = ph.sleep_level  # vLLM sets engine_sleep_state at once (record_sleep_state)
             if ph.abort_waiting:
                 e.abort_waiting(t)
         wl = ph.workload

@@ -1,0 +1,128 @@
+"""Issue 14 §2, the limits vLLM added: ``asleep`` (engine_sleep_state) and ``max_loras`` (lora_requests_info and
+``waiting_by_reason{reason="deferred"}``), read from the simulator's /metrics as vLLM renders them (its
+exposition follows vLLM 0.32/0.33 ``v1/metrics/loggers.py``), through parse, normalize, the window and the rules.
+
+Each test also runs the same data without the evidence the rule needs, so it fails if the rule names the limit
+without it (asleep without the sleep state reads stalled; max_loras without a full adapter set is no limit).
+"""
+
+from __future__ import annotations
+
+import re
+
+from kvwatch.catalog import Action, Bottleneck, Confidence
+from kvwatch.diagnose import RULES, Hints, diagnose_engine
+from kvwatch.normalize import normalize
+from kvwatch.parse import parse
+from kvwatch.sim.exposition import render
+from kvwatch.sim.scenario import load_scenario
+from kvwatch.sim.simulator import Simulator
+from kvwatch.window import EngineHistory, summarize
+
+NAMES = [r.__name__ for r in RULES]
+
+
+def diagnoses(scenario, seconds: int, edit=lambda body: body, hints=Hints()):
+    """One diagnosis per simulated second of ``scenario``, its /metrics body passed through ``edit`` first."""
+    sim = Simulator(scenario, seed=11)
+    history, out = None, []
+    for t in range(1, seconds + 1):
+        sim.advance_to(float(t))
+        ((key, snap),) = normalize(parse(edit(render(sim, "0.32")))).items()
+        history = history or EngineHistory(*key, keep_seconds=11.0)
+        history.add(float(t), snap)
+        out.append(diagnose_engine(summarize(history, float(t), 10.0), hints))
+    return out
+
+
+def without_family(name: str):
+    return lambda body: "\n".join(line for line in body.splitlines() if name not in line) + "\n"
+
+
+# --- normalize: engine_sleep_state ---------------------------------------------------------------------------
+
+
+def sleep_body(awake: float, offloaded: float, discarded: float) -> str:
+    # the layout of vLLM 0.32's capture (tests/fixtures/vllm-0.32.0-cpu/kv_cache/*.prom)
+    return (
+        "# TYPE vllm:num_requests_running gauge\n"
+        'vllm:num_requests_running{engine="0",model_name="m"} 0\n'
+        "# TYPE vllm:engine_sleep_state gauge\n"
+        f'vllm:engine_sleep_state{{engine="0",model_name="m",sleep_state="awake"}} {awake}\n'
+        f'vllm:engine_sleep_state{{engine="0",model_name="m",sleep_state="weights_offloaded"}} {offloaded}\n'
+        f'vllm:engine_sleep_state{{engine="0",model_name="m",sleep_state="discard_all"}} {discarded}\n'
+    )
+
+
+def test_sleep_state_levels_as_vllm_record_sleep_state_sets_them():
+    levels = {
+        (1, 0, 0): 0,  # awake
+        (0, 1, 0): 1,  # sleep level 1
+        (0, 0, 1): 2,  # sleep level 2
+        (0, 0, 0): 1,  # asleep at a level vLLM gives no label: asleep all the same
+    }
+    for states, level in levels.items():
+        (snap,) = normalize(parse(sleep_body(*states))).values()
+        assert snap.sleep_level == level, states
+
+
+def test_the_real_capture_reads_awake():
+    from pathlib import Path
+
+    body = next(Path("tests/fixtures/vllm-0.32.0-cpu/kv_cache").glob("*.prom")).read_text()
+    assert {s.sleep_level for s in normalize(parse(body)).values()} == {0}
+
+
+# --- asleep ----------------------------------------------------------------------------------------------------
+
+
+def test_asleep_preset_reads_asleep_never_stalled_and_never_restart():
+    ds = diagnoses(load_scenario("asleep"), 30)
+    asleep = ds[10:]  # the phase starts at 10 s; engine_sleep_state changes with it
+    assert {d.bottleneck for d in asleep} == {Bottleneck.ASLEEP}
+    assert all(d.confidence is Confidence.HIGH for d in asleep)
+    assert not any(r.action is Action.RESTART_ENGINE for d in asleep for r in d.recommendations)
+    assert "level 1: weights offloaded" in asleep[-1].evidence[0]
+    assert asleep[-1].signals.as_dict()["asleep"] is True
+    # requests were present and frozen: without the sleep state the same data is a stalled engine
+    blind = diagnoses(load_scenario("asleep"), 30, without_family("engine_sleep_state"))
+    assert blind[-1].bottleneck is Bottleneck.STALLED
+
+
+def test_asleep_rule_comes_before_stalled():
+    assert NAMES.index("asleep") < NAMES.index("stalled")
+
+
+# --- max_loras -------------------------------------------------------------------------------------------------
+
+
+def test_max_loras_preset_names_the_lora_slots_and_the_trade_off():
+    ds = diagnoses(load_scenario("max_loras"), 24)
+    settled = ds[6:]
+    named = [d for d in settled if d.bottleneck is Bottleneck.MAX_LORAS]
+    assert len(named) >= 0.9 * len(settled), [d.bottleneck.value for d in settled]
+    d = named[-1]
+    assert re.search(r"fill max_loras=1 \(1 running\) and 3 more adapters wait", d.evidence[0]), d.evidence
+    assert "deferred" in d.evidence[0]
+    top = d.recommendations[0]
+    assert top.action is Action.RAISE_MAX_LORAS
+    assert "--max-loras 4" in top.why and "--max-lora-rank" in top.why
+
+
+def test_max_loras_with_hints_too():
+    cfg = load_scenario("max_loras").phases[0].engine
+    ds = diagnoses(load_scenario("max_loras"), 24, hints=Hints(cfg.max_num_seqs, cfg.max_num_batched_tokens))
+    assert sum(d.bottleneck is Bottleneck.MAX_LORAS for d in ds[6:]) >= 0.9 * len(ds[6:])
+
+
+def test_enough_lora_slots_are_not_max_loras():
+    """The same traffic with a slot for every adapter: nothing is deferred, no LoRA limit is named."""
+    ds = diagnoses(load_scenario("max_loras", overrides={"engine": {"max_loras": 4}}), 24)
+    assert not any(d.bottleneck is Bottleneck.MAX_LORAS for d in ds)
+
+
+def test_max_loras_needs_the_adapter_info():
+    """Without lora_requests_info the deferred queue alone is vLLM's own "not capacity": none, not max_loras."""
+    ds = diagnoses(load_scenario("max_loras"), 24, without_family("lora_requests_info"))
+    assert not any(d.bottleneck is Bottleneck.MAX_LORAS for d in ds)
+    assert ds[-1].bottleneck is Bottleneck.NONE
