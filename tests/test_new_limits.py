@@ -126,3 +126,11 @@ def test_max_loras_needs_the_adapter_info():
     ds = diagnoses(load_scenario("max_loras"), 24, without_family("lora_requests_info"))
     assert not any(d.bottleneck is Bottleneck.MAX_LORAS for d in ds)
     assert ds[-1].bottleneck is Bottleneck.NONE
+
+
+def test_readme_lists_the_rules_in_their_order():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("## How kvwatch decides", 1)[1].split("\n## ", 1)[0]
+    assert re.findall(r"^\d+\. `(\w+)` →", section, re.M) == NAMES
