@@ -373,6 +373,16 @@ FAMILIES: tuple[Family, ...] = (
         "Preemptions per second over the window.",
         "throughput.preemptions_per_second",
     ),
+    Family(
+        "kvwatch_rejections_per_second",
+        "gauge",
+        (*ENGINE, "reason"),
+        "1/s",
+        "Requests vLLM's frontend rejected with HTTP 503 per second over the window, by reason.",
+        doc="requests vLLM's frontend answered HTTP 503 per second over the window (`admission_rejections_total`), by "
+        "`reason`: `max_num_queued_reqs`, `max_num_queued_tokens`; the model's frontend count, the same on each of its "
+        "engines (do not sum over engines)",
+    ),
     _engine(
         "kvwatch_engine_step_tokens",
         "tokens",

@@ -208,11 +208,29 @@ SENTENCES: dict[str, str] = {
         "over {seconds:.0f} s: admission in progress at {rate:.1f} requests/s or more"
     ),
     "no_limit": "{waiting!n} waiting with {running!n} running: requests wait, no limit identified",
+    "rejecting": (
+        "vLLM's frontend rejected {rate:.1f} requests/s with HTTP 503 ({reasons}): its admission caps "
+        "(--max-num-queued-reqs / --max-num-queued-tokens) turn away the queue {behind}"
+    ),
     "ruled_out": "not seen: {what}",
     "unseen": "kvwatch could not see {what}",
     "confidence": "confidence {level}: {reason}",
 }
 _FMT = _Formatter()
+
+
+def _rejection_facts(s: Signals, bottleneck: Bottleneck) -> list[Fact]:
+    """Rejections are not a limit of their own: the caps refuse what the limit behind the queue holds back."""
+    rates = [(reason, rate) for reason, rate in s.throughput.rejections_per_second if rate > 0]
+    if not rates:
+        return []
+    reasons = ", ".join(f"{reason} {rate:.1f}/s" for reason, rate in rates)
+    behind = (
+        f"that {bottleneck.label} builds"
+        if bottleneck.severity > Bottleneck.NONE.severity
+        else "before it builds: no limit is named behind it"
+    )
+    return [("rejecting", {"rate": sum(r for _, r in rates), "reasons": reasons, "behind": behind})]
 
 
 def evidence(facts: list[Fact]) -> list[str]:
@@ -611,7 +629,8 @@ RULES: tuple[Rule, ...] = (
 
 def diagnose_engine(s: Signals, hints: Hints = Hints(), th: Thresholds = Thresholds()) -> Diagnosis:
     verdict = next(v for v in (rule(s, hints, th) for rule in RULES) if v is not None)
-    facts = [*verdict.facts, ("confidence", {"level": verdict.confidence, "reason": verdict.reason})]
+    facts = [*verdict.facts, *_rejection_facts(s, verdict.bottleneck)]
+    facts.append(("confidence", {"level": verdict.confidence, "reason": verdict.reason}))
     d = Diagnosis(s.model_name, s.engine, verdict.bottleneck, s, evidence(facts), verdict.recommendations)
     d.confidence, d.confidence_reason = verdict.confidence, verdict.reason
     d.kv_pressure = kv_pressure(s.kv.recent_max, th)

@@ -55,10 +55,12 @@ WAITING_BY_REASON = "vllm:num_requests_waiting_by_reason"
 CACHE_CONFIG = "vllm:cache_config_info"
 LORA_INFO = "vllm:lora_requests_info"
 SLEEP_STATE = "vllm:engine_sleep_state"
+ADMISSION_REJECTIONS = "vllm:admission_rejections"  # a counter: the family name without _total
+REJECTIONS = "admission_rejections:"  # + reason: the snapshot's counter key
 
 KEEP_FAMILIES: frozenset[str] = frozenset(
     [n for names in (*GAUGES.values(), *COUNTERS.values(), *HISTOGRAMS.values()) for n in names]
-    + [PROMPT_BY_SOURCE, WAITING_BY_REASON, CACHE_CONFIG, LORA_INFO, SLEEP_STATE]
+    + [PROMPT_BY_SOURCE, WAITING_BY_REASON, CACHE_CONFIG, LORA_INFO, SLEEP_STATE, ADMISSION_REJECTIONS]
 )
 _RAY = "ray_vllm:"
 
@@ -192,6 +194,7 @@ def normalize(families: dict[str, Family], max_engines: int = 64) -> dict[tuple[
     _apply_cache_config(fams.get(CACHE_CONFIG), out)
     _apply_lora_info(fams.get(LORA_INFO), out)
     _apply_sleep_state(fams.get(SLEEP_STATE), out)
+    _apply_admission_rejections(fams.get(ADMISSION_REJECTIONS), out)
     return out
 
 
@@ -377,3 +380,18 @@ def _sleep_level(level: int | None, state: str, value: float) -> int | None:
     if state == "awake":
         return (level or 1) if value < 1 else (level or 0)
     return _SLEEP_LEVELS[state] if value >= 1 else level
+
+
+def _apply_admission_rejections(fam: Family | None, out: dict[tuple[str, str], EngineSnapshot]) -> None:
+    """Requests vLLM's frontend answered 503 (``--max-num-queued-reqs`` / ``--max-num-queued-tokens``,
+    AsyncLLM.check_admission), by ``reason``. The 0.32 captures label it by model_name and reason, no engine: the
+    frontend's count, given to each engine of the model whole (the same rate on each; never sum over engines)."""
+    if fam is None:
+        return
+    for smp in fam.samples:
+        reason = smp.labels.get("reason")
+        if not reason or not smp.name.endswith("_total") or not math.isfinite(smp.value):
+            continue
+        key = REJECTIONS + reason
+        for s in _in_scope(out, smp.labels.get("model_name"), smp.labels.get("engine")):
+            s.counters[key] = s.counters.get(key, 0.0) + smp.value

@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 
-from kvwatch.normalize import CacheConfig, EngineSnapshot, Histogram
+from kvwatch.normalize import REJECTIONS, CacheConfig, EngineSnapshot, Histogram
 
 __all__ = [
     "CapacitySignals",
@@ -202,6 +202,8 @@ class ThroughputSignals:
     step_tokens_max: float | None = None  # the most one step in the window can have read (its bucket's bound)
     stalled_seconds: float = 0.0  # how long requests have been present with no token progress
     prefix_cache_hit_ratio: float | None = None
+    # vLLM's frontend admission rejections (HTTP 503) per second over the window, by reason: ((reason, rate), ...)
+    rejections_per_second: tuple[tuple[str, float], ...] = ()
     log_averages: bool = False  # the rates are a log's own interval averages (kvwatch logs), not counter rates
 
 
@@ -266,11 +268,13 @@ class Signals:
         for part, renames in _JSON_NAMES.items():
             obj = getattr(self, part)
             for name in obj.__slots__:
-                if name in ("cache", "quantiles", "streak"):
+                if name in ("cache", "quantiles", "streak", "rejections_per_second"):
                     continue
                 v = getattr(obj, name)
                 if v is not None:
                     out[renames.get(name, name)] = round(v, 4) if isinstance(v, float) else v
+        if self.throughput.rejections_per_second:
+            out["rejections_per_second"] = {r: round(v, 4) for r, v in self.throughput.rejections_per_second}
         for fam, qs in self.latency.quantiles.items():
             for q, v in qs.items():
                 out[f"{fam}_p{int(q * 100)}"] = round(v, 4)
@@ -460,6 +464,7 @@ def throughput_signals(pts: list[Point], measured: Measured) -> ThroughputSignal
             # 0, not None: the histogram is there and saw no step end, so tokens per step are unknown.
             th.steps_per_second = 0.0
         th.gap_fraction, th.gap = throughput_gap(pts)
+        th.rejections_per_second = rejection_rates(first, last)
     if measured.prompt_tokens_per_second is not None or measured.generation_tokens_per_second is not None:
         th.prompt_tokens_all_per_second = None  # the measured averages say nothing of cached tokens
     for name in Measured.__slots__:
@@ -467,6 +472,12 @@ def throughput_signals(pts: list[Point], measured: Measured) -> ThroughputSignal
         if v is not None:
             setattr(th, name, v)
     return th
+
+
+def rejection_rates(first: Point, last: Point) -> tuple[tuple[str, float], ...]:
+    """The frontend's admission rejections per second over the window, by reason (normalize's REJECTIONS keys)."""
+    rates = ((k.removeprefix(REJECTIONS), _rate(first, last, k)) for k in last.counters if k.startswith(REJECTIONS))
+    return tuple((reason, r) for reason, r in rates if r is not None and math.isfinite(r))
 
 
 def throughput_gap(pts: list[Point]) -> tuple[float | None, bool]:

@@ -134,3 +134,57 @@ def test_readme_lists_the_rules_in_their_order():
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     section = readme.split("## How kvwatch decides", 1)[1].split("\n## ", 1)[0]
     assert re.findall(r"^\d+\. `(\w+)` →", section, re.M) == NAMES
+
+
+# --- admission rejections (HTTP 503 from --max-num-queued-reqs / --max-num-queued-tokens) ----------------------
+
+
+def capped(preset: str, cap: int = 8):
+    return load_scenario(preset, overrides={"engine": {"max_num_queued_reqs": cap}})
+
+
+def test_rejections_in_the_real_capture_read_zero_for_each_reason():
+    """vLLM 0.32 labels vllm:admission_rejections_total by model_name and reason only (no engine)."""
+    from pathlib import Path
+
+    files = sorted(Path("tests/fixtures/vllm-0.32.0-cpu/max_num_seqs").glob("*.prom"))[:3]
+    history = None
+    for k, f in enumerate(files):
+        ((key, snap),) = normalize(parse(f.read_text())).items()
+        history = history or EngineHistory(*key, keep_seconds=11.0)
+        history.add(1000.0 + k, snap)
+    s = summarize(history, 1000.0 + len(files) - 1, 10.0)
+    assert dict(s.throughput.rejections_per_second) == {"max_num_queued_reqs": 0.0, "max_num_queued_tokens": 0.0}
+    assert not any("HTTP 503" in e for e in diagnose_engine(s).evidence)
+
+
+def test_rejections_are_said_in_the_evidence_of_the_limit_behind_the_queue():
+    ds = diagnoses(capped("max_num_seqs"), 24)
+    d = ds[-1]
+    assert d.bottleneck is Bottleneck.MAX_NUM_SEQS  # the cap does not change what binds
+    said = [e for e in d.evidence if "HTTP 503" in e]
+    assert len(said) == 1 and "max_num_queued_reqs" in said[0] and "max_num_seqs builds" in said[0], d.evidence
+    rate = dict(d.signals.throughput.rejections_per_second)["max_num_queued_reqs"]
+    assert rate > 0 and d.signals.as_dict()["rejections_per_second"]["max_num_queued_reqs"] == round(rate, 4)
+    # the same traffic without the cap: nothing rejected, nothing said
+    assert not any("HTTP 503" in e for e in diagnoses(load_scenario("max_num_seqs"), 24)[-1].evidence)
+
+
+def test_rejections_are_exported_per_reason():
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from kvwatch.export import KvwatchCollector
+    from kvwatch.state import Target
+
+    sim, t = Simulator(capped("max_num_seqs"), seed=11), Target("http://x:1/metrics")
+    for k in range(1, 16):
+        sim.advance_to(float(k))
+        t.observe_body(float(k), render(sim, "0.32"))
+    t.up, t.diagnosis = True, t.diagnose(15.0)
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(KvwatchCollector(lambda: [t]))
+    fams = {f.name: f for f in text_string_to_metric_families(generate_latest(reg).decode())}
+    rates = {s.labels["reason"]: s.value for s in fams["kvwatch_rejections_per_second"].samples}
+    assert set(rates) == {"max_num_queued_reqs", "max_num_queued_tokens"}
+    assert rates["max_num_queued_reqs"] > 0 and rates["max_num_queued_tokens"] == 0

@@ -372,7 +372,7 @@ def render(sim, version: str = "0.32", process_start: float | None = None) -> st
         return _render_v0(sim)
     out = _Out(created=True)
     _process_families(out, sim.wall_start if process_start is None else process_start)
-    pe = _PerEngine(out, sim.engines)
+    pe = _PerEngine(out, sim.engines, sim.rejected)
     # Families in the order a real 0.32 capture prints them (tests/test_sim_format.py checks it).
     _scheduler_families(pe)
     if version == "0.10":
@@ -395,10 +395,11 @@ def render(sim, version: str = "0.32", process_start: float | None = None) -> st
 class _PerEngine:
     """Rows of the per-engine V1 families: each engine's labels, stats and ``_created`` time."""
 
-    __slots__ = ("out", "model", "lab", "st", "cr", "zeros")
+    __slots__ = ("out", "model", "lab", "st", "cr", "zeros", "rejected")
 
-    def __init__(self, out: _Out, engines):
+    def __init__(self, out: _Out, engines, rejected: dict[str, int] | None = None):
         self.out = out
+        self.rejected = rejected or {}  # the frontend's admission rejections by reason (no engine label)
         self.model = engines[0].cfg.model_name
         self.lab = [{"engine": str(e.index), "model_name": self.model} for e in engines]
         self.st = [e.stats for e in engines]
@@ -506,13 +507,14 @@ def _token_and_request_counters(pe: _PerEngine) -> None:
         "finished_reason",
         lambda s: [(r, s.success[r]) for r in FINISH_REASONS],
     )
-    # Labelled by model and reason only, as in the 0.32 captures: no engine label.
+    # Labelled by model and reason only, as in the 0.32 captures: no engine label. The frontend counts a request
+    # it answers 503 because the unfinished requests would pass --max-num-queued-reqs (AsyncLLM.check_admission).
     pe.out.simple(
         "vllm:admission_rejections_total",
         H["admission_rejections"],
         "counter",
         [
-            ({"model_name": pe.model, "reason": r}, 0.0, pe.cr[0])
+            ({"model_name": pe.model, "reason": r}, float(pe.rejected.get(r, 0)), pe.cr[0])
             for r in ("max_num_queued_reqs", "max_num_queued_tokens")
         ],
     )

@@ -13,6 +13,7 @@ A scenario is a JSON document (the presets live in ``kvwatch/scenarios/*.json``)
         "max_num_seqs": 16, "max_num_batched_tokens": 4096,
         "enable_prefix_caching": true, "kv_bytes_per_token": 4096,
         "max_loras": 0,
+        "max_num_queued_reqs": null,     # the frontend's 503 cap (counted in vllm:admission_rejections_total)
         "step_time": {"base_s": 0.0033, "per_token_s": 6.1e-05, "per_seq_s": 0.0,
                       "per_context_token_s": 0.0, "jitter": 0.1}
       },
@@ -245,6 +246,9 @@ class EngineConfig(_Model):
     gpu_memory_utilization: float = Field(0.92, gt=0, le=1)
     cache_dtype: str = Field("auto", min_length=1)
     max_loras: int = Field(0, ge=0)
+    # --max-num-queued-reqs (vLLM 0.33 AsyncLLM.check_admission): the frontend answers 503 to a request that would
+    # take the unfinished requests (waiting + running) past it
+    max_num_queued_reqs: int | None = Field(None, ge=1)
     step_time: StepTime = StepTime()
 
     @property

@@ -65,6 +65,7 @@ class Simulator:
         self.lora_info: dict[tuple[str, str], float] = {}  # (running, waiting) -> last set (virtual time)
         self.next_rid = 0
         self.dropped = 0  # arrivals the clients did not send (max_outstanding)
+        self.rejected: dict[str, int] = {}  # reason -> requests the frontend refused with 503 (admission caps)
         self.outstanding = 0
         self.phase_index = -1
         self.phase: Phase = scenario.phases[0]
@@ -196,6 +197,9 @@ class Simulator:
             self.dropped += 1
             return
         cfg = self.engines[0].cfg
+        if cfg.max_num_queued_reqs is not None and self.outstanding + n > cfg.max_num_queued_reqs:
+            self.rejected["max_num_queued_reqs"] = self.rejected.get("max_num_queued_reqs", 0) + 1
+            return
         max_len = cfg.max_model_len
         if prompt > max_len - 1:
             prompt = max_len - 1
