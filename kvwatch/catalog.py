@@ -33,6 +33,7 @@ class Bottleneck(StrEnum):
     NONE = "none"
     ASLEEP = "asleep"
     TOKEN_BUDGET = "token_budget"
+    KV_TRANSFER = "kv_transfer"
     MAX_LORAS = "max_loras"
     MAX_NUM_SEQS = "max_num_seqs"
     KV_CACHE = "kv_cache"
@@ -77,6 +78,12 @@ _BOTTLENECK_INFO: dict[Bottleneck, tuple[str, str, str]] = {
         "prefill paces admission: steps full at the per-step token budget, or without step data prompt "
         "throughput steady at its maximum; KV and sequence room to spare",
     ),
+    Bottleneck.KV_TRANSFER: (
+        "KV transfer",
+        "dark-yellow",
+        "a P/D decode engine's requests wait for their KV from the prefill side (num_requests_kv_fetch_by_stage): "
+        "the prefill engines or the KV connector pace it, not this engine's flags",
+    ),
     Bottleneck.MAX_LORAS: (
         "max_loras",
         "light-orange",
@@ -115,6 +122,7 @@ class Action(StrEnum):
     LOWER_MAX_NUM_SEQS = "lower_max_num_seqs"
     RAISE_MAX_NUM_BATCHED_TOKENS = "raise_max_num_batched_tokens"
     RAISE_MAX_LORAS = "raise_max_loras"
+    SCALE_PREFILL_SIDE = "scale_prefill_side"
     ADD_REPLICA = "add_replica"
     RESTART_ENGINE = "restart_engine"
 
@@ -142,6 +150,10 @@ _ACTION_INFO: dict[Action, tuple[str, str]] = {
     Action.RAISE_MAX_LORAS: (
         "--max-loras",
         "more LoRA slots per batch; each reserves GPU memory for an adapter of --max-lora-rank",
+    ),
+    Action.SCALE_PREFILL_SIDE: (
+        "prefill engines / --kv-transfer-config",
+        "remote KV arrives slower than the decode engine takes it: more prefill engines, or a faster connector path",
     ),
     Action.ADD_REPLICA: ("replicas", "another engine: more KV cache and compute, another GPU"),
     Action.RESTART_ENGINE: ("restart", "the engine makes no progress although it has work"),
@@ -250,6 +262,9 @@ class Thresholds:
     prefill_span_seconds: float = 2.0
     prefill_steady_share: float = 0.7
     prefill_min_spans: int = 2
+    # A P/D decode engine is paced by remote KV when at least this share of its queue waits for a KV load to start
+    # or finish (num_requests_kv_fetch_by_stage waiting_to_start + in_progress): most of the queue, not a straggler.
+    kv_transfer_share: float = 0.5
     # A single request caught between arrival and admission is not a queue.
     brief_queue_requests: float = 2.0
     # Steps carrying at least this share of --max-num-batched-tokens are full: chunked prefill fills the
@@ -382,6 +397,23 @@ FAMILIES: tuple[Family, ...] = (
         doc="requests vLLM's frontend answered HTTP 503 per second over the window (`admission_rejections_total`), by "
         "`reason`: `max_num_queued_reqs`, `max_num_queued_tokens`; the model's frontend count, the same on each of its "
         "engines (do not sum over engines)",
+    ),
+    Family(
+        "kvwatch_kv_fetch_requests",
+        "gauge",
+        (*ENGINE, "stage"),
+        "requests",
+        "Waiting requests of a P/D decode engine by remote KV load stage.",
+        doc="a P/D decode engine's waiting requests by KV load stage (`num_requests_kv_fetch_by_stage`): "
+        "`waiting_to_start`, `in_progress`, `completed_waiting`; absent on other engines",
+    ),
+    _engine(
+        "kvwatch_kv_transfer_tokens_per_second",
+        "tokens/s",
+        "Prompt tokens whose KV arrived over KV transfer per second over the window.",
+        "throughput.kv_transfer_tokens_per_second",
+        "prompt tokens whose KV came from another instance per second over the window "
+        '(`prompt_tokens_by_source{source="external_kv_transfer"}`)',
     ),
     _engine(
         "kvwatch_engine_step_tokens",

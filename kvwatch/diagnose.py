@@ -148,6 +148,11 @@ SENTENCES: dict[str, str] = {
     "no_progress": "{present!n} requests present ({running!n} running, {waiting!n} waiting) and no token produced for {seconds:.0f} s",
     "nothing_present": "no request running or waiting",
     "serving": "{running!n} running, none waiting{kv_text}",
+    "kv_fetch_waiting": (
+        "{fetching!n} of {waiting!n} waiting requests wait for their KV from the prefill side ({waiting_to_start!n} "
+        "loads not started, {in_progress!n} in progress, {completed_waiting!n} loaded and not yet running; "
+        "num_requests_kv_fetch_by_stage){transfer_text}"
+    ),
     "all_deferred": "all {waiting!n} waiting requests are deferred (LoRA budget, KV transfer), not held by capacity",
     "waiting_few_run": "{waiting!n} requests waiting while only {running!n} run",
     "preempting": "{rate:.1f} preemptions/s: running requests lose their KV blocks and recompute",
@@ -307,6 +312,29 @@ def max_loras(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
     numbers = {"running_adapters": c.lora_running, "waiting_adapters": c.lora_waiting, "max_lora": c.max_lora}
     fact = ("lora_slots_full", {"waiting": waiting, "deferred_text": deferred_text} | numbers)
     return Verdict(Bottleneck.MAX_LORAS, [fact, _kv_room(s)], lora_recommendations(s), reason=_lora_reason(deferred))
+
+
+def kv_transfer(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
+    """A P/D decode engine (0.33 kv_consumer) waits on remote KV: the scheduler skips a request whose KV load has
+    not finished (deferred), so this engine's own limits cannot be what holds most of the queue."""
+    stages = dict(s.queue.kv_fetch)
+    fetching, waiting = stages.get("waiting_to_start", 0.0) + stages.get("in_progress", 0.0), _waiting(s)
+    if not fetching or s.queue.waiting_streak < th.min_queue_samples or fetching < th.kv_transfer_share * waiting:
+        return None
+    if waiting < th.brief_queue_requests and not s.queue.waiting_recent_min:  # one load in flight is no queue
+        return None
+    rate = s.throughput.kv_transfer_tokens_per_second
+    transfer_text = "" if rate is None else f"; KV for {_n(rate)} prompt tokens/s arrived over the connector"
+    numbers = {k: stages.get(k, 0.0) for k in ("waiting_to_start", "in_progress", "completed_waiting")}
+    fact = ("kv_fetch_waiting", {"fetching": fetching, "waiting": waiting, "transfer_text": transfer_text} | numbers)
+    why = (
+        "requests wait for their KV, not for this engine: more prefill engines (or faster ones) if loads wait to "
+        "start, a faster connector path (RDMA/NIXL transport, larger transfer buffers) if they are slow in progress; "
+        "this engine's flags change nothing"
+    )
+    recs = [Recommendation(Action.SCALE_PREFILL_SIDE, why)]
+    reason = "vLLM counts most of the queue as waiting for remote KV loads"
+    return Verdict(Bottleneck.KV_TRANSFER, [fact, _kv_room(s)], recs, reason=reason)
 
 
 def _lora_reason(deferred: float | None) -> str:
@@ -611,6 +639,7 @@ RULES: tuple[Rule, ...] = (
     stalled,
     no_queue,
     max_loras,
+    kv_transfer,
     all_deferred,
     kv_cache,
     at_configured_ceiling,

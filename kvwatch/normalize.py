@@ -57,10 +57,12 @@ LORA_INFO = "vllm:lora_requests_info"
 SLEEP_STATE = "vllm:engine_sleep_state"
 ADMISSION_REJECTIONS = "vllm:admission_rejections"  # a counter: the family name without _total
 REJECTIONS = "admission_rejections:"  # + reason: the snapshot's counter key
+KV_FETCH = "vllm:num_requests_kv_fetch_by_stage"  # 0.33, a P/D decode engine (kv_consumer) only
+KV_FETCH_STAGES = ("waiting_to_start", "in_progress", "completed_waiting")  # 0.33 v1/metrics/stats.py
 
 KEEP_FAMILIES: frozenset[str] = frozenset(
     [n for names in (*GAUGES.values(), *COUNTERS.values(), *HISTOGRAMS.values()) for n in names]
-    + [PROMPT_BY_SOURCE, WAITING_BY_REASON, CACHE_CONFIG, LORA_INFO, SLEEP_STATE, ADMISSION_REJECTIONS]
+    + [PROMPT_BY_SOURCE, WAITING_BY_REASON, CACHE_CONFIG, LORA_INFO, SLEEP_STATE, ADMISSION_REJECTIONS, KV_FETCH]
 )
 _RAY = "ray_vllm:"
 
@@ -185,6 +187,8 @@ def normalize(families: dict[str, Family], max_engines: int = 64) -> dict[tuple[
     _read_waiting_by_reason(fams.get(WAITING_BY_REASON), snap)
     _read_counters(fams, snap)
     _read_prompt_computed(fams.get(PROMPT_BY_SOURCE), snap)
+    _read_prompt_external(fams.get(PROMPT_BY_SOURCE), snap)
+    _read_kv_fetch(fams.get(KV_FETCH), snap)
     for canon, names in HISTOGRAMS.items():
         fam = _first_present(fams, names)
         if fam is not None:
@@ -395,3 +399,26 @@ def _apply_admission_rejections(fam: Family | None, out: dict[tuple[str, str], E
         key = REJECTIONS + reason
         for s in _in_scope(out, smp.labels.get("model_name"), smp.labels.get("engine")):
             s.counters[key] = s.counters.get(key, 0.0) + smp.value
+
+
+def _read_prompt_external(fam: Family | None, snap) -> None:
+    """0.12+: prompt tokens whose KV came from another instance (``source="external_kv_transfer"``, P/D)."""
+    if fam is None:
+        return
+    for smp in fam.samples:
+        if smp.labels.get("source") == "external_kv_transfer" and smp.name.endswith("_total"):
+            if math.isfinite(smp.value):
+                c = snap(smp.labels).counters
+                c["prompt_tokens_external"] = c.get("prompt_tokens_external", 0.0) + smp.value
+
+
+def _read_kv_fetch(fam: Family | None, snap) -> None:
+    """0.33 loggers.py: a decode engine's waiting requests by remote KV load stage (the scheduler skips them, so
+    they are also ``deferred``)."""
+    if fam is None:
+        return
+    for smp in fam.samples:
+        stage = smp.labels.get("stage")
+        if stage in KV_FETCH_STAGES and math.isfinite(smp.value):
+            g = snap(smp.labels).gauges
+            g["kv_fetch_" + stage] = g.get("kv_fetch_" + stage, 0.0) + smp.value

@@ -37,6 +37,7 @@ GRAFANA_HEX = {
     "yellow": "#fade2a",
     "light-orange": "#ffb357",
     "orange": "#ff9830",
+    "dark-yellow": "#e0b400",
     "red": "#f2495c",
     "purple": "#b877d9",
     "dark-red": "#c4162a",

@@ -167,6 +167,8 @@ class QueueSignals:
     running: float | None = None
     waiting: float | None = None
     waiting_deferred: float | None = None
+    # a P/D decode engine's waiting requests by KV load stage (latest): ((stage, requests), ...)
+    kv_fetch: tuple[tuple[str, float], ...] = ()
     swapped: float | None = None
     running_mean: float | None = None
     running_recent_max: float | None = None
@@ -204,6 +206,7 @@ class ThroughputSignals:
     prefix_cache_hit_ratio: float | None = None
     # vLLM's frontend admission rejections (HTTP 503) per second over the window, by reason: ((reason, rate), ...)
     rejections_per_second: tuple[tuple[str, float], ...] = ()
+    kv_transfer_tokens_per_second: float | None = None  # prompt tokens whose KV came over KV transfer (P/D)
     log_averages: bool = False  # the rates are a log's own interval averages (kvwatch logs), not counter rates
 
 
@@ -268,11 +271,13 @@ class Signals:
         for part, renames in _JSON_NAMES.items():
             obj = getattr(self, part)
             for name in obj.__slots__:
-                if name in ("cache", "quantiles", "streak", "rejections_per_second"):
+                if name in ("cache", "quantiles", "streak", "rejections_per_second", "kv_fetch"):
                     continue
                 v = getattr(obj, name)
                 if v is not None:
                     out[renames.get(name, name)] = round(v, 4) if isinstance(v, float) else v
+        if self.queue.kv_fetch:
+            out["kv_fetch_requests"] = dict(self.queue.kv_fetch)
         if self.throughput.rejections_per_second:
             out["rejections_per_second"] = {r: round(v, 4) for r, v in self.throughput.rejections_per_second}
         for fam, qs in self.latency.quantiles.items():
@@ -399,6 +404,7 @@ def queue_signals(pts: list[Point]) -> QueueSignals:
         waiting=g.get("requests_waiting"),
         waiting_deferred=g.get("requests_waiting_deferred"),
         swapped=g.get("requests_swapped"),
+        kv_fetch=tuple((k.removeprefix("kv_fetch_"), v) for k, v in g.items() if k.startswith("kv_fetch_")),
     )
     recent = pts[-RECENT:]
     running = [p.gauges["requests_running"] for p in pts if "requests_running" in p.gauges]
@@ -465,6 +471,7 @@ def throughput_signals(pts: list[Point], measured: Measured) -> ThroughputSignal
             th.steps_per_second = 0.0
         th.gap_fraction, th.gap = throughput_gap(pts)
         th.rejections_per_second = rejection_rates(first, last)
+        th.kv_transfer_tokens_per_second = _rate(first, last, "prompt_tokens_external")
     if measured.prompt_tokens_per_second is not None or measured.generation_tokens_per_second is not None:
         th.prompt_tokens_all_per_second = None  # the measured averages say nothing of cached tokens
     for name in Measured.__slots__:

@@ -188,3 +188,31 @@ def test_rejections_are_exported_per_reason():
     rates = {s.labels["reason"]: s.value for s in fams["kvwatch_rejections_per_second"].samples}
     assert set(rates) == {"max_num_queued_reqs", "max_num_queued_tokens"}
     assert rates["max_num_queued_reqs"] > 0 and rates["max_num_queued_tokens"] == 0
+
+
+# --- kv_transfer (a P/D decode engine waiting on remote KV) ----------------------------------------------------
+
+
+def test_kv_transfer_preset_is_named_with_advice_for_the_prefill_side():
+    ds = diagnoses(load_scenario("kv_transfer"), 24)
+    settled = ds[4:]
+    assert all(d.bottleneck is Bottleneck.KV_TRANSFER for d in settled), [d.bottleneck.value for d in settled]
+    d = ds[-1]
+    assert re.match(r"\d+ of \d+ waiting requests wait for their KV from the prefill side", d.evidence[0])
+    assert "arrived over the connector" in d.evidence[0]
+    assert [r.action for r in d.recommendations] == [Action.SCALE_PREFILL_SIDE]  # no flag of this engine
+    assert d.signals.throughput.kv_transfer_tokens_per_second > 0
+    assert set(d.signals.as_dict()["kv_fetch_requests"]) == {"waiting_to_start", "in_progress", "completed_waiting"}
+
+
+def test_kv_transfer_needs_the_fetch_stages():
+    """Without num_requests_kv_fetch_by_stage (vLLM before 0.33) the deferred queue is vLLM's "not capacity": none."""
+    ds = diagnoses(load_scenario("kv_transfer"), 24, without_family("kv_fetch_by_stage"))
+    assert not any(d.bottleneck is Bottleneck.KV_TRANSFER for d in ds)
+    assert ds[-1].bottleneck is Bottleneck.NONE
+
+
+def test_a_fast_connector_is_not_kv_transfer():
+    """Ten times the bandwidth: loads finish before a queue forms, so nothing is named."""
+    fast = load_scenario("kv_transfer", overrides={"engine": {"kv_transfer_tokens_per_s": 30000.0}})
+    assert not any(d.bottleneck is Bottleneck.KV_TRANSFER for d in diagnoses(fast, 24))

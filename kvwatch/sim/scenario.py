@@ -14,6 +14,7 @@ A scenario is a JSON document (the presets live in ``kvwatch/scenarios/*.json``)
         "enable_prefix_caching": true, "kv_bytes_per_token": 4096,
         "max_loras": 0,
         "max_num_queued_reqs": null,     # the frontend's 503 cap (counted in vllm:admission_rejections_total)
+        "kv_transfer_tokens_per_s": null,  # a P/D decode engine: prompts' KV arrive at this rate
         "step_time": {"base_s": 0.0033, "per_token_s": 6.1e-05, "per_seq_s": 0.0,
                       "per_context_token_s": 0.0, "jitter": 0.1}
       },
@@ -249,6 +250,9 @@ class EngineConfig(_Model):
     # --max-num-queued-reqs (vLLM 0.33 AsyncLLM.check_admission): the frontend answers 503 to a request that would
     # take the unfinished requests (waiting + running) past it
     max_num_queued_reqs: int | None = Field(None, ge=1)
+    # A P/D decode engine (--kv-transfer-config kv_role kv_consumer): every prompt's KV is loaded from the prefill
+    # side through a connector that moves this many tokens a second, one request after another
+    kv_transfer_tokens_per_s: float | None = Field(None, gt=0)
     step_time: StepTime = StepTime()
 
     @property
