@@ -145,6 +145,15 @@ SENTENCES: dict[str, str] = {
         "{waiting!n} requests waiting ({deferred_text}) while the running LoRA adapters fill max_loras={max_lora} "
         "({running_adapters} running) and {waiting_adapters} more adapters wait for a slot (lora_requests_info)"
     ),
+    "stalled_mid_step": "{running!n} running requests stopped producing tokens: a hung engine step or worker",
+    "stalled_admits_nothing": (
+        "nothing runs while {waiting!n} wait ({capacity!n} for capacity) and the KV cache is {kv!p} used: the "
+        "scheduler admits nothing although it has room"
+    ),
+    "wedged_deferred": (
+        "{running!n} running + {deferred!n} deferred reach max_num_seqs={ceiling} (configured) and no request "
+        "finished in {seconds:.0f} s: the scheduler counts the deferred requests against the ceiling and admits nothing"
+    ),
     "no_progress": "{present!n} requests present ({running!n} running, {waiting!n} waiting) and no token produced for {seconds:.0f} s",
     "nothing_present": "no request running or waiting",
     "serving": "{running!n} running, none waiting{kv_text}",
@@ -283,7 +292,42 @@ def stalled(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
     )
     why = "the engine makes no progress although it has work; /health may still say 200"
     reason = f"no token for {s.throughput.stalled_seconds:.0f} s with requests present"
-    return Verdict(Bottleneck.STALLED, [fact], [Recommendation(Action.RESTART_ENGINE, why)], reason=reason)
+    facts = [fact, *_stall_pattern(s, th)]
+    return Verdict(Bottleneck.STALLED, facts, [Recommendation(Action.RESTART_ENGINE, why)], reason=reason)
+
+
+def _stall_pattern(s: Signals, th: Thresholds) -> list[Fact]:
+    """Which stall it is: nothing running while the queue waits on a free cache is the scheduler itself
+    (vllm-project/vllm-metal#479: Running 0, 6 waiting for capacity, KV 0 %); running requests that stopped
+    producing are a hung step or worker."""
+    kv, capacity = s.kv.recent_max, _waiting(s) - (s.queue.waiting_deferred or 0.0)
+    if _running(s) > 0:
+        return [("stalled_mid_step", {"running": _running(s)})]
+    if kv is not None and kv < th.admission_stall and _waiting(s) > 0:
+        return [("stalled_admits_nothing", {"waiting": _waiting(s), "capacity": capacity, "kv": kv})]
+    return []
+
+
+def wedged_admission(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
+    """vllm-project/vllm#53130: once running + deferred reach max_num_seqs, vLLM's admission gate counts the deferred
+    requests as running and admits no more, with the KV cache mostly free; tokens still trickle (a few running),
+    so no-progress never shows. Named on that arithmetic (``--max-num-seqs`` needed), no request finished over the
+    window, and nothing else explaining the deferral (LoRA slots full, remote KV loads)."""
+    ceiling, deferred, running = hints.max_num_seqs, s.queue.waiting_deferred or 0.0, _running(s)
+    if not ceiling or not deferred or s.queue.waiting_streak < th.min_queue_samples:
+        return None
+    if running + deferred < ceiling or running >= th.near_ceiling_share * ceiling:
+        return None
+    kv = s.kv.recent_max
+    if s.throughput.finished_per_second != 0.0 or (kv is not None and kv >= th.admission_stall):
+        return None  # a request finished (or vLLM does not count them), or KV is what holds the queue
+    if _lora_slots_full(s) or any(n for stage, n in s.queue.kv_fetch if stage != "completed_waiting"):
+        return None
+    numbers = {"running": running, "deferred": deferred, "ceiling": ceiling, "seconds": s.span_seconds}
+    why = "the scheduler admits nothing while deferred requests hold its slots (vllm#53130): only a restart clears it"
+    reason = "running + deferred fill max_num_seqs and no request finished"
+    recs = [Recommendation(Action.RESTART_ENGINE, why)]
+    return Verdict(Bottleneck.STALLED, [("wedged_deferred", numbers), _kv_room(s)], recs, reason=reason)
 
 
 def no_queue(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
@@ -304,7 +348,7 @@ def max_loras(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
     ``num_requests_waiting_by_reason{reason="deferred"}``): named only when the deferred requests are the whole
     queue (or vLLM does not split it), so capacity-held requests go on to the rules below."""
     c, deferred, waiting = s.capacity, s.queue.waiting_deferred, _waiting(s)
-    if not c.max_lora or not c.lora_waiting or (c.lora_running or 0) < c.max_lora:
+    if not _lora_slots_full(s):
         return None
     if s.queue.waiting_streak < th.min_queue_samples or (deferred is not None and deferred < waiting):
         return None
@@ -335,6 +379,11 @@ def kv_transfer(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
     recs = [Recommendation(Action.SCALE_PREFILL_SIDE, why)]
     reason = "vLLM counts most of the queue as waiting for remote KV loads"
     return Verdict(Bottleneck.KV_TRANSFER, [fact, _kv_room(s)], recs, reason=reason)
+
+
+def _lora_slots_full(s: Signals) -> bool:
+    c = s.capacity
+    return bool(c.max_lora and c.lora_waiting and (c.lora_running or 0) >= c.max_lora)
 
 
 def _lora_reason(deferred: float | None) -> str:
@@ -637,6 +686,7 @@ def no_limit_identified(s: Signals, hints: Hints, th: Thresholds) -> Verdict | N
 RULES: tuple[Rule, ...] = (
     asleep,
     stalled,
+    wedged_admission,
     no_queue,
     max_loras,
     kv_transfer,

@@ -206,6 +206,7 @@ class ThroughputSignals:
     prefix_cache_hit_ratio: float | None = None
     # vLLM's frontend admission rejections (HTTP 503) per second over the window, by reason: ((reason, rate), ...)
     rejections_per_second: tuple[tuple[str, float], ...] = ()
+    finished_per_second: float | None = None  # requests finished (vllm:request_success, every reason)
     kv_transfer_tokens_per_second: float | None = None  # prompt tokens whose KV came over KV transfer (P/D)
     log_averages: bool = False  # the rates are a log's own interval averages (kvwatch logs), not counter rates
 
@@ -472,6 +473,7 @@ def throughput_signals(pts: list[Point], measured: Measured) -> ThroughputSignal
         th.gap_fraction, th.gap = throughput_gap(pts)
         th.rejections_per_second = rejection_rates(first, last)
         th.kv_transfer_tokens_per_second = _rate(first, last, "prompt_tokens_external")
+        th.finished_per_second = _rate(first, last, "requests_finished")
     if measured.prompt_tokens_per_second is not None or measured.generation_tokens_per_second is not None:
         th.prompt_tokens_all_per_second = None  # the measured averages say nothing of cached tokens
     for name in Measured.__slots__:

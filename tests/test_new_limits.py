@@ -216,3 +216,68 @@ def test_a_fast_connector_is_not_kv_transfer():
     """Ten times the bandwidth: loads finish before a queue forms, so nothing is named."""
     fast = load_scenario("kv_transfer", overrides={"engine": {"kv_transfer_tokens_per_s": 30000.0}})
     assert not any(d.bottleneck is Bottleneck.KV_TRANSFER for d in diagnoses(fast, 24))
+
+
+# --- wedged schedulers, from the figures users posted --------------------------------------------------------
+
+
+def wedged_history(n, *, running, waiting, deferred, kv, prompt_per_s, gen_per_s, finished_per_s, cache=None):
+    """``n`` one-second /metrics snapshots of an engine holding one state (counters advancing at the given rates)."""
+    from kvwatch.normalize import EngineSnapshot
+
+    h = EngineHistory("m", "0", keep_seconds=11.0)
+    for t in range(n):
+        gauges = {"requests_running": running, "requests_waiting": waiting, "kv_cache_usage_ratio": kv}
+        gauges |= {"requests_waiting_deferred": deferred, "requests_waiting_capacity": waiting - deferred}
+        counters = {"prompt_tokens": 1e6 + prompt_per_s * t, "generation_tokens": 1e6 + gen_per_s * t}
+        counters["requests_finished"] = 5000.0 + finished_per_s * t
+        h.add(1000.0 + t, EngineSnapshot("m", "0", gauges, counters, {}, cache))
+    s = summarize(h, 1000.0 + n - 1, 10.0)
+    assert s is not None
+    return s
+
+
+def test_vllm_metal_479_nothing_running_on_an_empty_cache_is_stalled_and_says_the_scheduler_admits_nothing():
+    """vllm-project/vllm-metal#479: Running 0, Waiting 6 (capacity 6, deferred 0), KV 0.0, 90000 KV tokens."""
+    from kvwatch.normalize import CacheConfig
+
+    cache = CacheConfig(block_size=None, num_gpu_blocks=118, kv_cache_size_tokens=90000, kv_cache_max_concurrency=1.0)
+    s = wedged_history(11, running=0.0, waiting=6.0, deferred=0.0, kv=0.0, prompt_per_s=0, gen_per_s=0,
+                       finished_per_s=0, cache=cache)
+    d = diagnose_engine(s)
+    assert d.bottleneck is Bottleneck.STALLED
+    assert any("nothing runs while 6 wait (6 for capacity) and the KV cache is 0% used: the scheduler admits nothing"
+               in e for e in d.evidence), d.evidence
+    assert d.recommendations[0].action is Action.RESTART_ENGINE
+
+
+def test_a_stall_with_requests_running_says_mid_step():
+    s = wedged_history(11, running=4.0, waiting=12.0, deferred=0.0, kv=0.41, prompt_per_s=0, gen_per_s=0,
+                       finished_per_s=0)
+    d = diagnose_engine(s)
+    assert d.bottleneck is Bottleneck.STALLED
+    assert any("4 running requests stopped producing tokens" in e for e in d.evidence), d.evidence
+    assert not any("admits nothing" in e for e in d.evidence)
+
+
+# vllm-project/vllm#53130 at 12:10-12:20: Running 4, Waiting 487 of which 468 deferred, KV 20 %, prompt 1946 tok/s,
+# generation 0.48-5.5 tok/s, request_success +0 over the window, --max-num-seqs 256.
+VLLM_53130 = dict(running=4.0, waiting=487.0, deferred=468.0, kv=0.20, prompt_per_s=1946.0, gen_per_s=0.48)
+
+
+def test_vllm_53130_running_plus_deferred_at_max_num_seqs_with_nothing_finishing_is_stalled():
+    s = wedged_history(11, **VLLM_53130, finished_per_s=0)
+    assert s.throughput.stalled_seconds == 0  # tokens still trickle: no-progress alone never shows it
+    d = diagnose_engine(s, Hints(max_num_seqs=256))
+    assert d.bottleneck is Bottleneck.STALLED
+    assert re.search(r"4 running \+ 468 deferred reach max_num_seqs=256 \(configured\) and no request finished in 10 s",
+                     d.evidence[0]), d.evidence
+    assert d.recommendations[0].action is Action.RESTART_ENGINE
+
+
+def test_vllm_53130_figures_without_the_ceiling_or_with_requests_finishing_are_not_stalled():
+    # without --max-num-seqs the arithmetic cannot be done: no stall is named by elimination
+    assert diagnose_engine(wedged_history(11, **VLLM_53130, finished_per_s=0)).bottleneck is not Bottleneck.STALLED
+    # the same queue with requests finishing is a slow engine, not a wedged one
+    busy = diagnose_engine(wedged_history(11, **VLLM_53130, finished_per_s=2.0), Hints(max_num_seqs=256))
+    assert busy.bottleneck is not Bottleneck.STALLED
