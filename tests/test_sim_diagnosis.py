@@ -24,7 +24,7 @@ from tests.helpers.ports import free_ports
 from tests.helpers.process import Process
 from tests.helpers.sim_judge import CASES, Poll, judge
 
-pytestmark = pytest.mark.slow  # real time: one kvwatch process and seven simulators for two minutes
+pytestmark = pytest.mark.slow  # real time: one kvwatch process and ten simulators for two minutes
 
 SINGLE_STATE_SECONDS = 24.0  # wall; stalled needs 10 s of serving first
 TOUR_SECONDS = 118.0  # one full cycle (107 s) and the start of the next
