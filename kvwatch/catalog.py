@@ -204,7 +204,7 @@ _CONFIDENCE_MEANING = {
     ),
     Confidence.MEDIUM: (
         "inferred from a pattern the named limit explains: a Running plateau (ceiling inferred), prefill steady at "
-        "its maximum without step data, a budget inferred from the step size, KV room from the prompt's share"
+        "its maximum without step data, a budget inferred from the step size, KV room from the prompt's share or from what one request holds"
     ),
     Confidence.LOW: (
         "a likely limit, or none: the pattern rests on a log's 10-s averages only, the next request is assumed as "
@@ -265,6 +265,10 @@ class Thresholds:
     # A P/D decode engine is paced by remote KV when at least this share of its queue waits for a KV load to start
     # or finish (num_requests_kv_fetch_by_stage waiting_to_start + in_progress): most of the queue, not a straggler.
     kv_transfer_share: float = 0.5
+    # A running request holding this many times the mean sequence's tokens of KV holds pages whatever its length
+    # (hybrid models: MiaAI-Lab/GLM-5.3-Flash-EXL3-2x-DGX-Sparks#122, ~90k pool tokens per 2.4k-token request): the
+    # next request needs that much free, not its prompt.
+    fixed_footprint_ratio: float = 4.0
     # A single request caught between arrival and admission is not a queue.
     brief_queue_requests: float = 2.0
     # Steps carrying at least this share of --max-num-batched-tokens are full: chunked prefill fills the

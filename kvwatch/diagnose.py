@@ -171,6 +171,11 @@ SENTENCES: dict[str, str] = {
         "KV cache {kv!p} used by {running!n} running requests = {per!p} each{tokens_text}: the {free!p} free is less "
         "than one running request holds{prompt_text}, so the next request likely does not fit"
     ),
+    "request_footprint": (
+        "each of the {running!n} running requests holds ~{held!n} KV tokens, {ratio:.0f}x its {sequence!n}-token "
+        "sequence (pages a request holds whatever its length): the {free!n} free hold no more, and the cache holds "
+        "~{fits:.1f} such requests in all{vllm_text}"
+    ),
     "swapped": "{swapped!n} requests swapped out to CPU for lack of KV blocks",
     "throughput_gap": "prompt throughput was 0 in {share!p} of intervals while generation went on (the throughput gap)",
     "kv_concurrency": "KV capacity {capacity!n} tokens / {sequence!n} tokens per sequence = about {concurrency!n} concurrent sequences",
@@ -443,7 +448,11 @@ def _kv_signs(s: Signals, th: Thresholds) -> tuple[list[Fact], Confidence, str]:
         signs.append(("swapped", {"swapped": s.queue.swapped}))
     if signs:
         return signs, HIGH, _KV_REASONS[signs[0][0]]
-    share = None if (cap and prompt) else _kv_share(s)  # with both, the prompt's tokens were compared above
+    if cap and prompt:  # the prompt's tokens were compared above; what a request holds may be far more
+        footprint = _request_footprint(s, th)
+        reason = "each running request holds several times its sequence's KV: the next one needs as much"
+        return ([footprint], MEDIUM, reason) if footprint else ([], LOW, "")
+    share = _kv_share(s)
     if share is None:
         return [], LOW, ""
     fact, confidence = share
@@ -453,6 +462,26 @@ def _kv_signs(s: Signals, th: Thresholds) -> tuple[list[Fact], Confidence, str]:
     else:
         reason = f"{what} and the prompt's share unknown: the next request is assumed as large as a running one"
     return [fact], confidence, reason
+
+
+def _request_footprint(s: Signals, th: Thresholds) -> Fact | None:
+    """A request's real KV footprint (usage x capacity / running, at the latest sample with a queue) against its
+    tokens: at ``fixed_footprint_ratio`` times the mean sequence or more, requests hold pages whatever their length,
+    and the free KV holds as many more as it has footprints ("4 slots but 1.5 effective")."""
+    pts = [p for p in s.queue.streak if p.running > 0 and p.kv is not None]
+    cap, seq = s.capacity.capacity_tokens, s.capacity.mean_sequence_tokens
+    if not pts or not cap or not seq:
+        return None
+    p = pts[-1]
+    held, free = p.kv * cap / p.running, (1.0 - p.kv) * cap  # type: ignore[operator]
+    if held < th.fixed_footprint_ratio * seq or free >= held:
+        return None
+    c = s.capacity.cache
+    vllm_text = (
+        f"; vLLM reports {c.kv_cache_max_concurrency:.2f}x max_model_len" if c and c.kv_cache_max_concurrency else ""
+    )
+    numbers = {"running": p.running, "held": held, "ratio": held / seq, "sequence": seq, "free": free}
+    return ("request_footprint", numbers | {"fits": cap / held, "vllm_text": vllm_text})
 
 
 def _kv_share(s: Signals) -> tuple[Fact, Confidence] | None:

@@ -281,3 +281,43 @@ def test_vllm_53130_figures_without_the_ceiling_or_with_requests_finishing_are_n
     # the same queue with requests finishing is a slow engine, not a wedged one
     busy = diagnose_engine(wedged_history(11, **VLLM_53130, finished_per_s=2.0), Hints(max_num_seqs=256))
     assert busy.bottleneck is not Bottleneck.STALLED
+
+
+# --- "4 slots but 1.5 effective" (MiaAI-Lab/GLM-5.3-Flash-EXL3-2x-DGX-Sparks#43, measured in #122) -------------
+
+
+def footprint_history(*, kv_per_request: float, running: float = 3.0):
+    """#122's pool (356,667 KV tokens, vLLM: 1.36x at max_model_len 262,144), --max-num-seqs 4, 2.4k-token prompts
+    with 400 output tokens, 3 running and 2 waiting for capacity: a request holds ``kv_per_request`` of the pool."""
+    from kvwatch.normalize import CacheConfig, EngineSnapshot, Histogram
+
+    cache = CacheConfig(kv_cache_size_tokens=356667, kv_cache_max_concurrency=1.36)
+    h = EngineHistory("m", "0", keep_seconds=11.0)
+    one = (float("inf"),)
+    for t in range(11):
+        done = 10.0 + 0.3 * t
+        gauges = {"requests_running": running, "requests_waiting": 2.0, "kv_cache_usage_ratio": kv_per_request * running}
+        counters = {"prompt_tokens": 2400.0 * done, "generation_tokens": 1e5 + 30.0 * t, "requests_finished": done}
+        hists = {
+            "request_prompt_tokens": Histogram(one, [done], 2400.0 * done, done),
+            "request_generation_tokens": Histogram(one, [done], 400.0 * done, done),
+        }
+        h.add(1000.0 + t, EngineSnapshot("m", "0", gauges, counters, hists, cache))
+    return summarize(h, 1010.0, 10.0)
+
+
+def test_requests_holding_90k_pool_tokens_each_are_kv_cache_not_max_num_seqs():
+    """#122: a 2.4k-token request holds 25.5 % of the pool; 3 run, the 4th slot never fills. Not max_num_seqs."""
+    d = diagnose_engine(footprint_history(kv_per_request=0.255), Hints(max_num_seqs=4))
+    assert d.bottleneck is Bottleneck.KV_CACHE and d.confidence is Confidence.MEDIUM
+    said = next(e for e in d.evidence if "running requests holds" in e)
+    assert re.search(r"holds ~90950 KV tokens, 32x its 2800-token sequence", said), said
+    assert "the cache holds ~3.9 such requests in all; vLLM reports 1.36x max_model_len" in said
+    assert Action.RAISE_MAX_NUM_SEQS not in [r.action for r in d.recommendations]
+
+
+def test_requests_holding_about_their_own_tokens_are_not_named_kv_cache_by_footprint():
+    """The same engine with each request holding its own 2.8k tokens (0.8 % of the pool): KV has room."""
+    d = diagnose_engine(footprint_history(kv_per_request=0.008), Hints(max_num_seqs=4))
+    assert d.bottleneck is not Bottleneck.KV_CACHE
+    assert not any("running requests holds" in e for e in d.evidence)
