@@ -226,19 +226,6 @@ def rejections() -> JSON:
     )
 
 
-def kv_fetch() -> JSON:
-    return timeseries(
-        "Waiting on remote KV (P/D decode)",
-        "A P/D decode engine's waiting requests by KV load stage (vLLM 0.33 "
-        "`num_requests_kv_fetch_by_stage`), summed over the selected engines. Present only on "
-        "`kv_consumer` engines.",
-        "Most of the queue in `waiting_to_start`: the prefill side is behind (more prefill engines). "
-        "In `in_progress`: the connector is slow. In `completed_waiting`: this engine's own limits.",
-        [query(ENGINE.agg("sum", "kvwatch_kv_fetch_requests", by="stage"), "{{stage}}")],
-        unit="none",
-    )
-
-
 def build() -> JSON:
     layout = Layout()
     tiles = (capacity_tile(), free_tile(), max_concurrency_tile(), headroom_tile(), sequence_tile(), prefix_tile())
@@ -250,15 +237,15 @@ def build() -> JSON:
     layout.row("Concurrency")
     for panel in (concurrency_vs_running(), headroom(), sequence_tokens(), lora_adapters()):
         layout.add(panel, 12, 8)
-    layout.row("Admission and remote KV")
-    for panel in (rejections(), kv_fetch()):
+    layout.row("Admission")
+    for panel in (rejections(),):
         layout.add(panel, 12, 8)
     return dashboard(
         "kvwatch-capacity",
         "kvwatch / Capacity",
         "How much the KV cache holds and how close it is to full: capacity and free tokens, estimated "
         "max concurrency and headroom, mean sequence length, the time-to-full forecast, prefix-cache "
-        "hits, LoRA adapters, requests rejected by the queue caps and requests waiting on remote KV.",
+        "hits, LoRA adapters, and requests rejected by the queue caps.",
         layout,
         kvwatch_variables(),
     )
