@@ -212,6 +212,20 @@ def lora_adapters() -> JSON:
     )
 
 
+def rejections() -> JSON:
+    return timeseries(
+        "Requests rejected (HTTP 503)",
+        "Requests vLLM's frontend turned away per second because they would pass `--max-num-queued-reqs` "
+        "or `--max-num-queued-tokens` (`admission_rejections_total`), by pod, model and reason. The "
+        "frontend's count: the same on each engine of a model, so the panel takes the max, not the sum.",
+        "Sustained above 0: the queue caps shed load that the limit behind the queue holds back (the "
+        "Overview's bottleneck). Fix that limit or add replicas; raising a cap only trades 503s for TTFT.",
+        [query(ENGINE.agg("max", "kvwatch_rejections_per_second", by="namespace, pod, model_name, reason"),
+               "{{pod}} · {{model_name}} · {{reason}}")],
+        unit="reqps",
+    )
+
+
 def build() -> JSON:
     layout = Layout()
     tiles = (capacity_tile(), free_tile(), max_concurrency_tile(), headroom_tile(), sequence_tile(), prefix_tile())
@@ -223,12 +237,15 @@ def build() -> JSON:
     layout.row("Concurrency")
     for panel in (concurrency_vs_running(), headroom(), sequence_tokens(), lora_adapters()):
         layout.add(panel, 12, 8)
+    layout.row("Admission")
+    for panel in (rejections(),):
+        layout.add(panel, 12, 8)
     return dashboard(
         "kvwatch-capacity",
         "kvwatch / Capacity",
         "How much the KV cache holds and how close it is to full: capacity and free tokens, estimated "
         "max concurrency and headroom, mean sequence length, the time-to-full forecast, prefix-cache "
-        "hits and LoRA adapters.",
+        "hits, LoRA adapters, and requests rejected by the queue caps.",
         layout,
         kvwatch_variables(),
     )

@@ -40,12 +40,13 @@ def worst_bottleneck() -> JSON:
         "The most severe limit binding across the selected engines, as kvwatch diagnoses it: "
         "*KV cache* (free KV blocks cannot hold the next prefill), *max_num_seqs* (the sequence "
         "ceiling is full with KV room to spare), *token budget* (prefill pinned at "
-        "`max_num_batched_tokens`), *stalled* (requests present, no token progress), "
-        "*unreachable* (kvwatch cannot scrape vLLM).",
+        "`max_num_batched_tokens`), *max_loras* (requests wait for a LoRA slot), *asleep* (vLLM's "
+        "sleep mode), *stalled* (requests present, no token progress), *unreachable* (kvwatch cannot scrape vLLM).",
         "Read the *Recommendations* table below for the change to make, and *Bottleneck by pod "
         "and model* for which engine it is. KV cache: FP8 KV cache, prefix caching, a lower "
         "`--max-model-len`, more `--gpu-memory-utilization`, or another replica. "
-        "max_num_seqs: raise `--max-num-seqs`. Token budget: raise `--max-num-batched-tokens`.",
+        "max_num_seqs: raise `--max-num-seqs`. Token budget: raise `--max-num-batched-tokens`. "
+        "max_loras: raise `--max-loras`. Asleep: wake it (`POST /wake_up`), do not restart it.",
         worst,
         unit="none",
         mappings=value_mappings(Bottleneck),

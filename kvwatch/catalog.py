@@ -33,7 +33,10 @@ class Bottleneck(StrEnum):
 
     IDLE = "idle"
     NONE = "none"
+    ASLEEP = "asleep"
     TOKEN_BUDGET = "token_budget"
+    KV_TRANSFER = "kv_transfer"
+    MAX_LORAS = "max_loras"
     MAX_NUM_SEQS = "max_num_seqs"
     KV_CACHE = "kv_cache"
     UNREACHABLE = "unreachable"
@@ -65,11 +68,29 @@ _BOTTLENECK_INFO: dict[Bottleneck, tuple[str, str, str]] = {
         "green",
         "serving, no queue building; or requests wait and no limit is identified yet (the evidence says why)",
     ),
+    Bottleneck.ASLEEP: (
+        "asleep",
+        "blue",
+        "vLLM's engine_sleep_state says the engine sleeps (sleep mode: weights offloaded or discarded): it serves "
+        "nothing until woken; never read as stalled",
+    ),
     Bottleneck.TOKEN_BUDGET: (
         "token budget",
         "yellow",
         "prefill paces admission: steps full at the per-step token budget, or without step data prompt "
         "throughput steady at its maximum; KV and sequence room to spare",
+    ),
+    Bottleneck.KV_TRANSFER: (
+        "KV transfer",
+        "dark-yellow",
+        "a P/D decode engine's requests wait for their KV from the prefill side (num_requests_kv_fetch_by_stage): "
+        "the prefill engines or the KV connector pace it, not this engine's flags",
+    ),
+    Bottleneck.MAX_LORAS: (
+        "max_loras",
+        "light-orange",
+        "requests wait for a LoRA slot: the running adapters fill `max_lora` (lora_requests_info) while other "
+        "adapters wait, their requests deferred",
     ),
     Bottleneck.MAX_NUM_SEQS: (
         "max_num_seqs",
@@ -102,6 +123,8 @@ class Action(StrEnum):
     RAISE_MAX_NUM_SEQS = "raise_max_num_seqs"
     LOWER_MAX_NUM_SEQS = "lower_max_num_seqs"
     RAISE_MAX_NUM_BATCHED_TOKENS = "raise_max_num_batched_tokens"
+    RAISE_MAX_LORAS = "raise_max_loras"
+    SCALE_PREFILL_SIDE = "scale_prefill_side"
     ADD_REPLICA = "add_replica"
     RESTART_ENGINE = "restart_engine"
 
@@ -125,6 +148,14 @@ _ACTION_INFO: dict[Action, tuple[str, str]] = {
     Action.RAISE_MAX_NUM_BATCHED_TOKENS: (
         "--max-num-batched-tokens",
         "a larger per-step budget admits prefills faster",
+    ),
+    Action.RAISE_MAX_LORAS: (
+        "--max-loras",
+        "more LoRA slots per batch; each reserves GPU memory for an adapter of --max-lora-rank",
+    ),
+    Action.SCALE_PREFILL_SIDE: (
+        "prefill engines / --kv-transfer-config",
+        "remote KV arrives slower than the decode engine takes it: more prefill engines, or a faster connector path",
     ),
     Action.ADD_REPLICA: ("replicas", "another engine: more KV cache and compute, another GPU"),
     Action.RESTART_ENGINE: ("restart", "the engine makes no progress although it has work"),
@@ -175,7 +206,7 @@ _CONFIDENCE_MEANING = {
     ),
     Confidence.MEDIUM: (
         "inferred from a pattern the named limit explains: a Running plateau (ceiling inferred), prefill steady at "
-        "its maximum without step data, a budget inferred from the step size, KV room from the prompt's share"
+        "its maximum without step data, a budget inferred from the step size, KV room from the prompt's share or from what one request holds"
     ),
     Confidence.LOW: (
         "a likely limit, or none: the pattern rests on a log's 10-s averages only, the next request is assumed as "
@@ -233,6 +264,13 @@ class Thresholds:
     prefill_span_seconds: float = 2.0
     prefill_steady_share: float = 0.7
     prefill_min_spans: int = 2
+    # A P/D decode engine is paced by remote KV when at least this share of its queue waits for a KV load to start
+    # or finish (num_requests_kv_fetch_by_stage waiting_to_start + in_progress): most of the queue, not a straggler.
+    kv_transfer_share: float = 0.5
+    # A running request holding this many times the mean sequence's tokens of KV holds pages whatever its length
+    # (hybrid models: MiaAI-Lab/GLM-5.3-Flash-EXL3-2x-DGX-Sparks#122, ~90k pool tokens per 2.4k-token request): the
+    # next request needs that much free, not its prompt.
+    fixed_footprint_ratio: float = 4.0
     # A single request caught between arrival and admission is not a queue.
     brief_queue_requests: float = 2.0
     # Nor, at GPU scale, a queue this small a share of Running when no rule above names a limit: ~60 running at
@@ -366,6 +404,33 @@ FAMILIES: tuple[Family, ...] = (
         "Preemptions per second over the window.",
         "throughput.preemptions_per_second",
     ),
+    Family(
+        "kvwatch_rejections_per_second",
+        "gauge",
+        (*ENGINE, "reason"),
+        "1/s",
+        "Requests vLLM's frontend rejected with HTTP 503 per second over the window, by reason.",
+        doc="requests vLLM's frontend answered HTTP 503 per second over the window (`admission_rejections_total`), by "
+        "`reason`: `max_num_queued_reqs`, `max_num_queued_tokens`; the model's frontend count, the same on each of its "
+        "engines (do not sum over engines)",
+    ),
+    Family(
+        "kvwatch_kv_fetch_requests",
+        "gauge",
+        (*ENGINE, "stage"),
+        "requests",
+        "Waiting requests of a P/D decode engine by remote KV load stage.",
+        doc="a P/D decode engine's waiting requests by KV load stage (`num_requests_kv_fetch_by_stage`): "
+        "`waiting_to_start`, `in_progress`, `completed_waiting`; absent on other engines",
+    ),
+    _engine(
+        "kvwatch_kv_transfer_tokens_per_second",
+        "tokens/s",
+        "Prompt tokens whose KV arrived over KV transfer per second over the window.",
+        "throughput.kv_transfer_tokens_per_second",
+        "prompt tokens whose KV came from another instance per second over the window "
+        '(`prompt_tokens_by_source{source="external_kv_transfer"}`)',
+    ),
     _engine(
         "kvwatch_engine_step_tokens",
         "tokens",
@@ -468,6 +533,14 @@ FAMILIES: tuple[Family, ...] = (
         "adapters",
         "LoRA adapters running / waiting.",
         doc="LoRA adapters `running` / `waiting` (from `lora_requests_info`)",
+    ),
+    _engine(
+        "kvwatch_engine_asleep",
+        "0/1",
+        "1 while vLLM's engine_sleep_state says the engine sleeps (sleep mode), 0 while awake.",
+        "capacity.asleep",
+        "1 while vLLM's `engine_sleep_state` says the engine sleeps (`weights_offloaded` or `discard_all`), 0 awake; "
+        "absent when vLLM exports no sleep state",
     ),
     Family(
         "kvwatch_diagnosis_confidence",

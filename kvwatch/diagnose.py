@@ -156,9 +156,31 @@ def _n(x: float | None) -> str:
 
 
 SENTENCES: dict[str, str] = {
+    "asleep": (
+        "vLLM's engine_sleep_state says the engine sleeps ({level_text}) with {running!n} running and {waiting!n} "
+        "waiting: it serves nothing until woken (POST /wake_up), which no flag of this engine changes"
+    ),
+    "lora_slots_full": (
+        "{waiting!n} requests waiting ({deferred_text}) while the running LoRA adapters fill max_loras={max_lora} "
+        "({running_adapters} running) and {waiting_adapters} more adapters wait for a slot (lora_requests_info)"
+    ),
+    "stalled_mid_step": "{running!n} running requests stopped producing tokens: a hung engine step or worker",
+    "stalled_admits_nothing": (
+        "nothing runs while {waiting!n} wait ({capacity!n} for capacity) and the KV cache is {kv!p} used: the "
+        "scheduler admits nothing although it has room"
+    ),
+    "wedged_deferred": (
+        "{running!n} running + {deferred!n} deferred reach max_num_seqs={ceiling} (configured) and no request "
+        "finished in {seconds:.0f} s: the scheduler counts the deferred requests against the ceiling and admits nothing"
+    ),
     "no_progress": "{present!n} requests present ({running!n} running, {waiting!n} waiting) and no token produced for {seconds:.0f} s",
     "nothing_present": "no request running or waiting",
     "serving": "{running!n} running, none waiting{kv_text}",
+    "kv_fetch_waiting": (
+        "{fetching!n} of {waiting!n} waiting requests wait for their KV from the prefill side ({waiting_to_start!n} "
+        "loads not started, {in_progress!n} in progress, {completed_waiting!n} loaded and not yet running; "
+        "num_requests_kv_fetch_by_stage){transfer_text}"
+    ),
     "all_deferred": "all {waiting!n} waiting requests are deferred (LoRA budget, KV transfer), not held by capacity",
     "waiting_few_run": "{waiting!n} requests waiting while only {running!n} run",
     "preempting": "{rate:.1f} preemptions/s: running requests lose their KV blocks and recompute",
@@ -167,6 +189,11 @@ SENTENCES: dict[str, str] = {
     "next_request_does_not_fit": (
         "KV cache {kv!p} used by {running!n} running requests = {per!p} each{tokens_text}: the {free!p} free is less "
         "than one running request holds{prompt_text}, so the next request likely does not fit"
+    ),
+    "request_footprint": (
+        "each of the {running!n} running requests holds ~{held!n} KV tokens, {ratio:.0f}x its {sequence!n}-token "
+        "sequence (pages a request holds whatever its length): the {free!n} free hold no more, and the cache holds "
+        "~{fits:.1f} such requests in all{vllm_text}"
     ),
     "swapped": "{swapped!n} requests swapped out to CPU for lack of KV blocks",
     "throughput_gap": "prompt throughput was 0 in {share!p} of intervals while generation went on (the throughput gap)",
@@ -221,6 +248,10 @@ SENTENCES: dict[str, str] = {
         "over {seconds:.0f} s: admission in progress at {rate:.1f} requests/s or more"
     ),
     "no_limit": "{waiting!n} waiting with {running!n} running: requests wait, no limit identified",
+    "rejecting": (
+        "vLLM's frontend rejected {rate:.1f} requests/s with HTTP 503 ({reasons}): its admission caps "
+        "(--max-num-queued-reqs / --max-num-queued-tokens) turn away the queue {behind}"
+    ),
     "ruled_out": "not seen: {what}",
     "unseen": "kvwatch could not see {what}",
     "kv_offload": (
@@ -230,6 +261,20 @@ SENTENCES: dict[str, str] = {
     "confidence": "confidence {level}: {reason}",
 }
 _FMT = _Formatter()
+
+
+def _rejection_facts(s: Signals, bottleneck: Bottleneck) -> list[Fact]:
+    """Rejections are not a limit of their own: the caps refuse what the limit behind the queue holds back."""
+    rates = [(reason, rate) for reason, rate in s.throughput.rejections_per_second if rate > 0]
+    if not rates:
+        return []
+    reasons = ", ".join(f"{reason} {rate:.1f}/s" for reason, rate in rates)
+    behind = (
+        f"that {bottleneck.label} builds"
+        if bottleneck.severity > Bottleneck.NONE.severity
+        else "before it builds: no limit is named behind it"
+    )
+    return [("rejecting", {"rate": sum(r for _, r in rates), "reasons": reasons, "behind": behind})]
 
 
 def evidence(facts: list[Fact]) -> list[str]:
@@ -252,6 +297,20 @@ def _waiting(s: Signals) -> float:
     return s.queue.waiting or 0.0
 
 
+_SLEEP_LEVEL_TEXT = {1: "level 1: weights offloaded to CPU", 2: "level 2: weights discarded"}
+
+
+def asleep(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
+    """Sleep mode (``--enable-sleep-mode``, POST /sleep): a sleeping engine steps no more and its gauges freeze, which
+    would read as stalled; vLLM says so itself in ``engine_sleep_state``, so this comes first and never advises a
+    restart (the engine is doing what it was told)."""
+    if not s.capacity.asleep:
+        return None
+    level = _SLEEP_LEVEL_TEXT.get(s.capacity.sleep_level or 0, "sleep level unknown")
+    fact = ("asleep", {"level_text": level, "running": _running(s), "waiting": _waiting(s)})
+    return Verdict(Bottleneck.ASLEEP, [fact], reason="vLLM's engine_sleep_state reads asleep")
+
+
 def stalled(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
     """Requests present and no token for ``stall_seconds``: /health may still say 200."""
     if s.throughput.stalled_seconds < th.stall_seconds:
@@ -263,7 +322,42 @@ def stalled(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
     )
     why = "the engine makes no progress although it has work; /health may still say 200"
     reason = f"no token for {s.throughput.stalled_seconds:.0f} s with requests present"
-    return Verdict(Bottleneck.STALLED, [fact], [Recommendation(Action.RESTART_ENGINE, why)], reason=reason)
+    facts = [fact, *_stall_pattern(s, th)]
+    return Verdict(Bottleneck.STALLED, facts, [Recommendation(Action.RESTART_ENGINE, why)], reason=reason)
+
+
+def _stall_pattern(s: Signals, th: Thresholds) -> list[Fact]:
+    """Which stall it is: nothing running while the queue waits on a free cache is the scheduler itself
+    (vllm-project/vllm-metal#479: Running 0, 6 waiting for capacity, KV 0 %); running requests that stopped
+    producing are a hung step or worker."""
+    kv, capacity = s.kv.recent_max, _waiting(s) - (s.queue.waiting_deferred or 0.0)
+    if _running(s) > 0:
+        return [("stalled_mid_step", {"running": _running(s)})]
+    if kv is not None and kv < th.admission_stall and _waiting(s) > 0:
+        return [("stalled_admits_nothing", {"waiting": _waiting(s), "capacity": capacity, "kv": kv})]
+    return []
+
+
+def wedged_admission(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
+    """vllm-project/vllm#53130: once running + deferred reach max_num_seqs, vLLM's admission gate counts the deferred
+    requests as running and admits no more, with the KV cache mostly free; tokens still trickle (a few running),
+    so no-progress never shows. Named on that arithmetic (``--max-num-seqs`` needed), no request finished over the
+    window, and nothing else explaining the deferral (LoRA slots full, remote KV loads)."""
+    ceiling, deferred, running = hints.max_num_seqs, s.queue.waiting_deferred or 0.0, _running(s)
+    if not ceiling or not deferred or s.queue.waiting_streak < th.min_queue_samples:
+        return None
+    if running + deferred < ceiling or running >= th.near_ceiling_share * ceiling:
+        return None
+    kv = s.kv.recent_max
+    if s.throughput.finished_per_second != 0.0 or (kv is not None and kv >= th.admission_stall):
+        return None  # a request finished (or vLLM does not count them), or KV is what holds the queue
+    if _lora_slots_full(s) or any(n for stage, n in s.queue.kv_fetch if stage != "completed_waiting"):
+        return None
+    numbers = {"running": running, "deferred": deferred, "ceiling": ceiling, "seconds": s.span_seconds}
+    why = "the scheduler admits nothing while deferred requests hold its slots (vllm#53130): only a restart clears it"
+    reason = "running + deferred fill max_num_seqs and no request finished"
+    recs = [Recommendation(Action.RESTART_ENGINE, why)]
+    return Verdict(Bottleneck.STALLED, [("wedged_deferred", numbers), _kv_room(s)], recs, reason=reason)
 
 
 def no_queue(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
@@ -276,6 +370,56 @@ def no_queue(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
     kv_text = f", KV cache {usage * 100:.0f}% used" if usage is not None else ""
     fact = ("serving", {"running": _running(s), "kv_text": kv_text})
     return Verdict(Bottleneck.NONE, [fact], reason="nothing waits")
+
+
+def max_loras(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
+    """Requests wait for a LoRA slot: the running adapters fill ``max_lora`` while other adapters wait. vLLM's
+    scheduler skips a request whose adapter would exceed max_loras and counts it deferred (0.12+
+    ``num_requests_waiting_by_reason{reason="deferred"}``): named only when the deferred requests are the whole
+    queue (or vLLM does not split it), so capacity-held requests go on to the rules below."""
+    c, deferred, waiting = s.capacity, s.queue.waiting_deferred, _waiting(s)
+    if not _lora_slots_full(s):
+        return None
+    if s.queue.waiting_streak < th.min_queue_samples or (deferred is not None and deferred < waiting):
+        return None
+    deferred_text = "vLLM does not split the queue by reason" if deferred is None else f"{_n(deferred)} deferred"
+    numbers = {"running_adapters": c.lora_running, "waiting_adapters": c.lora_waiting, "max_lora": c.max_lora}
+    fact = ("lora_slots_full", {"waiting": waiting, "deferred_text": deferred_text} | numbers)
+    return Verdict(Bottleneck.MAX_LORAS, [fact, _kv_room(s)], lora_recommendations(s), reason=_lora_reason(deferred))
+
+
+def kv_transfer(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
+    """A P/D decode engine (0.33 kv_consumer) waits on remote KV: the scheduler skips a request whose KV load has
+    not finished (deferred), so this engine's own limits cannot be what holds most of the queue."""
+    stages = dict(s.queue.kv_fetch)
+    fetching, waiting = stages.get("waiting_to_start", 0.0) + stages.get("in_progress", 0.0), _waiting(s)
+    if not fetching or s.queue.waiting_streak < th.min_queue_samples or fetching < th.kv_transfer_share * waiting:
+        return None
+    if waiting < th.brief_queue_requests and not s.queue.waiting_recent_min:  # one load in flight is no queue
+        return None
+    rate = s.throughput.kv_transfer_tokens_per_second
+    transfer_text = "" if rate is None else f"; KV for {_n(rate)} prompt tokens/s arrived over the connector"
+    numbers = {k: stages.get(k, 0.0) for k in ("waiting_to_start", "in_progress", "completed_waiting")}
+    fact = ("kv_fetch_waiting", {"fetching": fetching, "waiting": waiting, "transfer_text": transfer_text} | numbers)
+    why = (
+        "requests wait for their KV, not for this engine: more prefill engines (or faster ones) if loads wait to "
+        "start, a faster connector path (RDMA/NIXL transport, larger transfer buffers) if they are slow in progress; "
+        "this engine's flags change nothing"
+    )
+    recs = [Recommendation(Action.SCALE_PREFILL_SIDE, why)]
+    reason = "vLLM counts most of the queue as waiting for remote KV loads"
+    return Verdict(Bottleneck.KV_TRANSFER, [fact, _kv_room(s)], recs, reason=reason)
+
+
+def _lora_slots_full(s: Signals) -> bool:
+    c = s.capacity
+    return bool(c.max_lora and c.lora_waiting and (c.lora_running or 0) >= c.max_lora)
+
+
+def _lora_reason(deferred: float | None) -> str:
+    if deferred is None:
+        return "every LoRA slot is taken while adapters wait (lora_requests_info)"
+    return "every LoRA slot is taken while adapters wait, and vLLM counts the whole queue as deferred"
 
 
 def all_deferred(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
@@ -332,7 +476,11 @@ def _kv_signs(s: Signals, th: Thresholds) -> tuple[list[Fact], Confidence, str]:
         signs.append(("swapped", {"swapped": s.queue.swapped}))
     if signs:
         return signs, HIGH, _KV_REASONS[signs[0][0]]
-    share = None if (cap and prompt) else _kv_share(s)  # with both, the prompt's tokens were compared above
+    if cap and prompt:  # the prompt's tokens were compared above; what a request holds may be far more
+        footprint = _request_footprint(s, th)
+        reason = "each running request holds several times its sequence's KV: the next one needs as much"
+        return ([footprint], MEDIUM, reason) if footprint else ([], LOW, "")
+    share = _kv_share(s)
     if share is None:
         return [], LOW, ""
     fact, confidence = share
@@ -342,6 +490,26 @@ def _kv_signs(s: Signals, th: Thresholds) -> tuple[list[Fact], Confidence, str]:
     else:
         reason = f"{what} and the prompt's share unknown: the next request is assumed as large as a running one"
     return [fact], confidence, reason
+
+
+def _request_footprint(s: Signals, th: Thresholds) -> Fact | None:
+    """A request's real KV footprint (usage x capacity / running, at the latest sample with a queue) against its
+    tokens: at ``fixed_footprint_ratio`` times the mean sequence or more, requests hold pages whatever their length,
+    and the free KV holds as many more as it has footprints ("4 slots but 1.5 effective")."""
+    pts = [p for p in s.queue.streak if p.running > 0 and p.kv is not None]
+    cap, seq = s.capacity.capacity_tokens, s.capacity.mean_sequence_tokens
+    if not pts or not cap or not seq:
+        return None
+    p = pts[-1]
+    held, free = p.kv * cap / p.running, (1.0 - p.kv) * cap  # type: ignore[operator]
+    if held < th.fixed_footprint_ratio * seq or free >= held:
+        return None
+    c = s.capacity.cache
+    vllm_text = (
+        f"; vLLM reports {c.kv_cache_max_concurrency:.2f}x max_model_len" if c and c.kv_cache_max_concurrency else ""
+    )
+    numbers = {"running": p.running, "held": held, "ratio": held / seq, "sequence": seq, "free": free}
+    return ("request_footprint", numbers | {"fits": cap / held, "vllm_text": vllm_text})
 
 
 def _kv_share(s: Signals) -> tuple[Fact, Confidence] | None:
@@ -585,8 +753,12 @@ def no_limit_identified(s: Signals, hints: Hints, th: Thresholds) -> Verdict | N
 
 
 RULES: tuple[Rule, ...] = (
+    asleep,
     stalled,
+    wedged_admission,
     no_queue,
+    max_loras,
+    kv_transfer,
     all_deferred,
     kv_cache,
     at_configured_ceiling,
@@ -606,11 +778,8 @@ RULES: tuple[Rule, ...] = (
 
 def diagnose_engine(s: Signals, hints: Hints = Hints(), th: Thresholds = Thresholds()) -> Diagnosis:
     verdict = next(v for v in (rule(s, hints, th) for rule in RULES) if v is not None)
-    facts = [
-        *verdict.facts,
-        *_offload_facts(s),
-        ("confidence", {"level": verdict.confidence, "reason": verdict.reason}),
-    ]
+    facts = [*verdict.facts, *_rejection_facts(s, verdict.bottleneck), *_offload_facts(s)]
+    facts.append(("confidence", {"level": verdict.confidence, "reason": verdict.reason}))
     d = Diagnosis(s.model_name, s.engine, verdict.bottleneck, s, evidence(facts), verdict.recommendations)
     d.confidence, d.confidence_reason = verdict.confidence, verdict.reason
     d.kv_pressure = kv_pressure(s.kv.recent_max, th)
@@ -833,6 +1002,20 @@ def seqs_recommendations(s: Signals, ceiling: int, th: Thresholds) -> list[Recom
     return [
         Recommendation(Action.RAISE_MAX_NUM_SEQS, why),
         Recommendation(Action.ADD_REPLICA, "if latency per token must not rise, spread the queue over more engines"),
+    ]
+
+
+def lora_recommendations(s: Signals) -> list[Recommendation]:
+    c = s.capacity
+    want = (c.lora_running or 0) + (c.lora_waiting or 0)
+    why = (
+        f"{c.lora_running} adapters fill max_loras={c.max_lora} while {c.lora_waiting} more wait: --max-loras {want} "
+        "would batch them all (trade-off: each slot reserves GPU memory for an adapter of --max-lora-rank, taken "
+        "from the KV cache; a lower --max-lora-rank makes slots cheaper)"
+    )
+    return [
+        Recommendation(Action.RAISE_MAX_LORAS, why),
+        Recommendation(Action.ADD_REPLICA, "or route each adapter's traffic to engines that keep it loaded"),
     ]
 
 

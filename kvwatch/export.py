@@ -83,6 +83,10 @@ def _add_engine(fams: dict[str, _Metric], labels: list[str], d: Diagnosis) -> No
     for f in _QUANTILES:
         for q, v in s.latency.quantiles.get(f.name.removeprefix("kvwatch_"), {}).items():
             fams[f.name].add_metric([*labels, str(q)], v)
+    for stage, n in s.queue.kv_fetch:
+        fams["kvwatch_kv_fetch_requests"].add_metric([*labels, stage], n)
+    for reason, rate in s.throughput.rejections_per_second:
+        fams["kvwatch_rejections_per_second"].add_metric([*labels, reason], rate)
     if s.throughput.gap_fraction is not None:
         fams["kvwatch_throughput_gap"].add_metric(labels, 1.0 if s.throughput.gap else 0.0)
     if s.kv.recent_max is not None:

@@ -13,8 +13,8 @@ Names by release (from vLLM's ``vllm/engine/metrics.py`` for V0 and ``vllm/v1/me
   names; ``num_requests_waiting`` is ``num_waiting_reqs + num_skipped_waiting_reqs``, the deferred included
   (``record()``), so ``requests_waiting`` is the whole queue and ``requests_waiting_deferred`` the part held by
   transient constraints; histogram edges come from ``custom_histogram_buckets`` (every ``le`` is read from the
-  body, none is assumed). Raw fields for the families newer than our rules (``engine_sleep_state``,
-  ``num_requests_kv_fetch_by_stage``, ``admission_rejections``, CPU KV offload) are read by ``_read_033``.
+  body, none is assumed). The newer families each have a reader of their own (``_apply_sleep_state``,
+  ``_read_kv_fetch``, ``_apply_admission_rejections``, ``_read_kv_offload``).
 - vLLM's Rust frontend (``VLLM_USE_RUST_FRONTEND=1``) serves the same families as OpenMetrics 1.0; the parser
   gives them the same family names, so nothing here depends on the format.
 - Ray Serve deployments prefix everything with ``ray_vllm:``.
@@ -62,23 +62,22 @@ PROMPT_BY_SOURCE = "vllm:prompt_tokens_by_source"  # {source="local_compute"} is
 WAITING_BY_REASON = "vllm:num_requests_waiting_by_reason"
 CACHE_CONFIG = "vllm:cache_config_info"
 LORA_INFO = "vllm:lora_requests_info"
+SLEEP_STATE = "vllm:engine_sleep_state"
+ADMISSION_REJECTIONS = "vllm:admission_rejections"  # a counter: the family name without _total
+REJECTIONS = "admission_rejections:"  # + reason: the snapshot's counter key
+KV_FETCH = "vllm:num_requests_kv_fetch_by_stage"  # 0.33, a P/D decode engine (kv_consumer) only
+KV_FETCH_STAGES = ("waiting_to_start", "in_progress", "completed_waiting")  # 0.33 v1/metrics/stats.py
 
-# 0.33 (loggers.py at 00ec631b unless said): raw fields only; the rules that read them live elsewhere.
-SLEEP_STATE = "vllm:engine_sleep_state"  # {sleep_state="awake"|"weights_offloaded"|"discard_all"} 1 or 0
-KV_FETCH_BY_STAGE = "vllm:num_requests_kv_fetch_by_stage"  # {stage}: KV_FETCH_STAGES; only on a KV consumer
-# {reason="max_num_queued_reqs"|"max_num_queued_tokens"}, model_name only (no engine label): the API server's
-# count (vLLM PR #55812; not in loggers.py; its labels as the real 0.32 capture in tests/fixtures shows them).
-ADMISSION_REJECTIONS = "vllm:admission_rejections"
-# CPU KV offload (vllm/v1/kv_offload/cpu/common.py CPUOffloadingMetrics; gauge and counter as the CPU spec's
-# build_metric_definitions declares them). The gauge is the share of the CPU tier *pinned by in-flight
+# CPU KV offload, 0.33 (vllm/v1/kv_offload/cpu/common.py CPUOffloadingMetrics; gauge and counter as the CPU
+# spec's build_metric_definitions declares them). The gauge is the share of the CPU tier *pinned by in-flight
 # transfers* ("sustained high values indicate transfers ... may be dropped"), not how full the tier is.
 KV_OFFLOAD_PINNED = "vllm:kv_offload_cpu_cache_usage_perc"
 KV_OFFLOAD_STORES_SKIPPED = "vllm:kv_offload_stores_skipped"  # only with store_threshold >= 2
-V033_FAMILIES = (SLEEP_STATE, KV_FETCH_BY_STAGE, ADMISSION_REJECTIONS, KV_OFFLOAD_PINNED, KV_OFFLOAD_STORES_SKIPPED)
 
 KEEP_FAMILIES: frozenset[str] = frozenset(
     [n for names in (*GAUGES.values(), *COUNTERS.values(), *HISTOGRAMS.values()) for n in names]
-    + [PROMPT_BY_SOURCE, WAITING_BY_REASON, CACHE_CONFIG, LORA_INFO, *V033_FAMILIES]
+    + [PROMPT_BY_SOURCE, WAITING_BY_REASON, CACHE_CONFIG, LORA_INFO, SLEEP_STATE, ADMISSION_REJECTIONS, KV_FETCH]
+    + [KV_OFFLOAD_PINNED, KV_OFFLOAD_STORES_SKIPPED]
 )
 _RAY = "ray_vllm:"
 
@@ -137,6 +136,7 @@ class EngineSnapshot:
     lora_running: int | None = None
     lora_waiting: int | None = None
     max_lora: int | None = None
+    sleep_level: int | None = None  # 0 awake, 1 weights offloaded, 2 weights discarded (engine_sleep_state)
 
 
 _BOUNDS: dict[str, float] = {}  # "le" label text -> bucket bound; the same few recur on every scrape
@@ -202,6 +202,8 @@ def normalize(families: dict[str, Family], max_engines: int = 64) -> dict[tuple[
     _read_waiting_by_reason(fams.get(WAITING_BY_REASON), snap)
     _read_counters(fams, snap)
     _read_prompt_computed(fams.get(PROMPT_BY_SOURCE), snap)
+    _read_prompt_external(fams.get(PROMPT_BY_SOURCE), snap)
+    _read_kv_fetch(fams.get(KV_FETCH), snap)
     for canon, names in HISTOGRAMS.items():
         fam = _first_present(fams, names)
         if fam is not None:
@@ -210,7 +212,9 @@ def normalize(families: dict[str, Family], max_engines: int = 64) -> dict[tuple[
         return out  # no vLLM series: config and info families alone make no engine
     _apply_cache_config(fams.get(CACHE_CONFIG), out)
     _apply_lora_info(fams.get(LORA_INFO), out)
-    _read_033(fams, snap, out)
+    _apply_sleep_state(fams.get(SLEEP_STATE), out)
+    _apply_admission_rejections(fams.get(ADMISSION_REJECTIONS), out)
+    _read_kv_offload(fams, snap)
     return out
 
 
@@ -374,29 +378,66 @@ def _apply_lora_info(fam: Family | None, out: dict[tuple[str, str], EngineSnapsh
             s.max_lora = _num(smp.labels.get("max_lora"), int)
 
 
-# ------------------------------------------------------------------------- 0.33 families, as raw fields
-# Kept apart from the readers above: these name no limit (the rules that read them belong to diagnose).
+# vLLM 0.32/0.33 loggers.py PrometheusStatLogger.record_sleep_state: per engine, awake=1 and the others 0 while
+# awake; asleep, awake=0 and weights_offloaded=1 (level 1) or discard_all=1 (level 2).
+_SLEEP_LEVELS = {"weights_offloaded": 1, "discard_all": 2}
 
 
-def _read_033(fams: dict[str, Family], snap, out: dict[tuple[str, str], EngineSnapshot]) -> None:
-    """Raw 0.33 fields (read after the engines exist: none of these families alone makes an engine)."""
-    states = ("awake", "weights_offloaded", "discard_all")
-    _read_labelled_gauge(fams.get(SLEEP_STATE), "sleep_state", "engine_", states, snap, fold_max=True)
-    _read_labelled_gauge(fams.get(KV_FETCH_BY_STAGE), "stage", "requests_kv_fetch_", None, snap, fold_max=False)
-    _read_kv_offload(fams, snap)
-    _apply_admission_rejections(fams.get(ADMISSION_REJECTIONS), out)
-
-
-def _read_labelled_gauge(fam: Family | None, label: str, prefix: str, values, snap, fold_max: bool) -> None:
-    """``prefix + <label value>`` per engine: a state flag (folded by max) or a count (added)."""
+def _apply_sleep_state(fam: Family | None, out: dict[tuple[str, str], EngineSnapshot]) -> None:
+    """The engine's sleep level from ``engine_sleep_state{sleep_state}``; an awake=0 without a level is level 1
+    (vLLM sets neither level for a level other than 1 or 2: asleep all the same)."""
     if fam is None:
         return
     for smp in fam.samples:
-        value = smp.labels.get(label, "")
-        if not value.isidentifier() or (values is not None and value not in values) or not math.isfinite(smp.value):
+        state = smp.labels.get("sleep_state")
+        if state not in ("awake", *_SLEEP_LEVELS) or not math.isfinite(smp.value):
             continue
-        key, g = prefix + value, snap(smp.labels).gauges
-        g[key] = max(g.get(key, smp.value), smp.value) if fold_max else g.get(key, 0.0) + smp.value
+        for s in _in_scope(out, smp.labels.get("model_name"), smp.labels.get("engine")):
+            s.sleep_level = _sleep_level(s.sleep_level, state, smp.value)
+
+
+def _sleep_level(level: int | None, state: str, value: float) -> int | None:
+    if state == "awake":
+        return (level or 1) if value < 1 else (level or 0)
+    return _SLEEP_LEVELS[state] if value >= 1 else level
+
+
+def _apply_admission_rejections(fam: Family | None, out: dict[tuple[str, str], EngineSnapshot]) -> None:
+    """Requests vLLM's frontend answered 503 (``--max-num-queued-reqs`` / ``--max-num-queued-tokens``,
+    AsyncLLM.check_admission), by ``reason``. The 0.32 captures label it by model_name and reason, no engine: the
+    frontend's count, given to each engine of the model whole (the same rate on each; never sum over engines)."""
+    if fam is None:
+        return
+    for smp in fam.samples:
+        reason = smp.labels.get("reason")
+        if not reason or not smp.name.endswith("_total") or not math.isfinite(smp.value):
+            continue
+        key = REJECTIONS + reason
+        for s in _in_scope(out, smp.labels.get("model_name"), smp.labels.get("engine")):
+            s.counters[key] = s.counters.get(key, 0.0) + smp.value
+
+
+def _read_prompt_external(fam: Family | None, snap) -> None:
+    """0.12+: prompt tokens whose KV came from another instance (``source="external_kv_transfer"``, P/D)."""
+    if fam is None:
+        return
+    for smp in fam.samples:
+        if smp.labels.get("source") == "external_kv_transfer" and smp.name.endswith("_total"):
+            if math.isfinite(smp.value):
+                c = snap(smp.labels).counters
+                c["prompt_tokens_external"] = c.get("prompt_tokens_external", 0.0) + smp.value
+
+
+def _read_kv_fetch(fam: Family | None, snap) -> None:
+    """0.33 loggers.py: a decode engine's waiting requests by remote KV load stage (the scheduler skips them, so
+    they are also ``deferred``)."""
+    if fam is None:
+        return
+    for smp in fam.samples:
+        stage = smp.labels.get("stage")
+        if stage in KV_FETCH_STAGES and math.isfinite(smp.value):
+            g = snap(smp.labels).gauges
+            g["kv_fetch_" + stage] = g.get("kv_fetch_" + stage, 0.0) + smp.value
 
 
 def _read_kv_offload(fams: dict[str, Family], snap) -> None:
@@ -410,19 +451,3 @@ def _read_kv_offload(fams: dict[str, Family], snap) -> None:
         if smp.name.endswith("_total") and math.isfinite(smp.value):
             c = snap(smp.labels).counters
             c["kv_offload_stores_skipped"] = c.get("kv_offload_stores_skipped", 0.0) + smp.value
-
-
-def _apply_admission_rejections(fam: Family | None, out: dict[tuple[str, str], EngineSnapshot]) -> None:
-    """``admission_rejections_<reason>``: the model's count (the API server's, no engine label), set on each of
-    its engines as it is, never split or summed over them (sum it over engines and it counts N times)."""
-    if fam is None:
-        return
-    totals: dict[tuple[str | None, str], float] = {}
-    for smp in fam.samples:
-        reason = smp.labels.get("reason", "")
-        if smp.name.endswith("_total") and reason.isidentifier() and math.isfinite(smp.value):
-            key = (smp.labels.get("model_name"), reason)
-            totals[key] = totals.get(key, 0.0) + smp.value
-    for (model, reason), value in totals.items():
-        for s in _in_scope(out, model, None):
-            s.counters["admission_rejections_" + reason] = value

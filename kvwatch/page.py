@@ -33,8 +33,11 @@ __all__ = ["ASSETS", "add_page_routes", "contrast_ratio", "page_config", "render
 GRAFANA_HEX = {
     "text": "#9fa7b3",
     "green": "#73bf69",
+    "blue": "#5794f2",
     "yellow": "#fade2a",
+    "light-orange": "#ffb357",
     "orange": "#ff9830",
+    "dark-yellow": "#e0b400",
     "red": "#f2495c",
     "purple": "#b877d9",
     "dark-red": "#c4162a",

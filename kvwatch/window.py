@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 
-from kvwatch.normalize import CacheConfig, EngineSnapshot, Histogram
+from kvwatch.normalize import REJECTIONS, CacheConfig, EngineSnapshot, Histogram
 
 __all__ = [
     "CapacitySignals",
@@ -172,6 +172,8 @@ class QueueSignals:
     running: float | None = None
     waiting: float | None = None
     waiting_deferred: float | None = None
+    # a P/D decode engine's waiting requests by KV load stage (latest): ((stage, requests), ...)
+    kv_fetch: tuple[tuple[str, float], ...] = ()
     swapped: float | None = None
     running_mean: float | None = None
     running_recent_max: float | None = None
@@ -210,6 +212,10 @@ class ThroughputSignals:
     step_tokens_max: float | None = None  # the most one step in the window can have read (its bucket's bound)
     stalled_seconds: float = 0.0  # how long requests have been present with no token progress
     prefix_cache_hit_ratio: float | None = None
+    # vLLM's frontend admission rejections (HTTP 503) per second over the window, by reason: ((reason, rate), ...)
+    rejections_per_second: tuple[tuple[str, float], ...] = ()
+    finished_per_second: float | None = None  # requests finished (vllm:request_success, every reason)
+    kv_transfer_tokens_per_second: float | None = None  # prompt tokens whose KV came over KV transfer (P/D)
     log_averages: bool = False  # the rates are a log's own interval averages (kvwatch logs), not counter rates
 
 
@@ -235,6 +241,8 @@ class CapacitySignals:
     lora_running: int | None = None
     lora_waiting: int | None = None
     max_lora: int | None = None
+    asleep: bool | None = None  # vLLM's engine_sleep_state, latest scrape (None: not exported)
+    sleep_level: int | None = None  # 1 weights offloaded to CPU, 2 weights discarded
 
 
 @dataclass(slots=True)
@@ -272,11 +280,15 @@ class Signals:
         for part, renames in _JSON_NAMES.items():
             obj = getattr(self, part)
             for name in obj.__slots__:
-                if name in ("cache", "quantiles", "streak"):
+                if name in ("cache", "quantiles", "streak", "rejections_per_second", "kv_fetch"):
                     continue
                 v = getattr(obj, name)
                 if v is not None:
                     out[renames.get(name, name)] = round(v, 4) if isinstance(v, float) else v
+        if self.queue.kv_fetch:
+            out["kv_fetch_requests"] = dict(self.queue.kv_fetch)
+        if self.throughput.rejections_per_second:
+            out["rejections_per_second"] = {r: round(v, 4) for r, v in self.throughput.rejections_per_second}
         for fam, qs in self.latency.quantiles.items():
             for q, v in qs.items():
                 out[f"{fam}_p{int(q * 100)}"] = round(v, 4)
@@ -407,6 +419,7 @@ def queue_signals(pts: list[Point]) -> QueueSignals:
         waiting=g.get("requests_waiting"),
         waiting_deferred=g.get("requests_waiting_deferred"),
         swapped=g.get("requests_swapped"),
+        kv_fetch=tuple((k.removeprefix("kv_fetch_"), v) for k, v in g.items() if k.startswith("kv_fetch_")),
     )
     recent = pts[-RECENT:]
     running = [p.gauges["requests_running"] for p in pts if "requests_running" in p.gauges]
@@ -474,6 +487,9 @@ def throughput_signals(pts: list[Point], measured: Measured) -> ThroughputSignal
             # 0, not None: the histogram is there and saw no step end, so tokens per step are unknown.
             th.steps_per_second = 0.0
         th.gap_fraction, th.gap = throughput_gap(pts)
+        th.rejections_per_second = rejection_rates(first, last)
+        th.kv_transfer_tokens_per_second = _rate(first, last, "prompt_tokens_external")
+        th.finished_per_second = _rate(first, last, "requests_finished")
     if measured.prompt_tokens_per_second is not None or measured.generation_tokens_per_second is not None:
         th.prompt_tokens_all_per_second = None  # the measured averages say nothing of cached tokens
     for name in Measured.__slots__:
@@ -483,6 +499,12 @@ def throughput_signals(pts: list[Point], measured: Measured) -> ThroughputSignal
     if measured.preemptions_per_second is not None:  # a log record's own interval is its recent past
         th.preemptions_recent_per_second = measured.preemptions_per_second
     return th
+
+
+def rejection_rates(first: Point, last: Point) -> tuple[tuple[str, float], ...]:
+    """The frontend's admission rejections per second over the window, by reason (normalize's REJECTIONS keys)."""
+    rates = ((k.removeprefix(REJECTIONS), _rate(first, last, k)) for k in last.counters if k.startswith(REJECTIONS))
+    return tuple((reason, r) for reason, r in rates if r is not None and math.isfinite(r))
 
 
 def throughput_gap(pts: list[Point]) -> tuple[float | None, bool]:
@@ -558,6 +580,8 @@ def capacity_signals(
     if latest is not None:
         c.cache = latest.cache
         c.lora_running, c.lora_waiting, c.max_lora = latest.lora_running, latest.lora_waiting, latest.max_lora
+        if latest.sleep_level is not None:
+            c.asleep, c.sleep_level = latest.sleep_level > 0, latest.sleep_level or None
     cap = c.cache.capacity_tokens if c.cache else None
     if cap:
         c.capacity_tokens = cap

@@ -24,7 +24,7 @@ from tests.helpers.recordings import FIXTURES
 REPO = Path(__file__).resolve().parents[1]
 NAMES = {str(x) for x in (*Bottleneck, *Action)}
 # Also vLLM config keys, or Grafana's unit "none": a list of them alone is no offence.
-FLAG_NAMES = {"max_num_seqs", "enable_prefix_caching", "none"}
+FLAG_NAMES = {"max_num_seqs", "max_loras", "enable_prefix_caching", "none"}
 
 
 def _literal_names(node: ast.AST) -> list[str]:

@@ -5,7 +5,7 @@ offload is reported in the evidence. Bodies are written inline from the source l
 from __future__ import annotations
 
 from kvwatch.diagnose import Hints
-from kvwatch.normalize import keep_family, normalize
+from kvwatch.normalize import REJECTIONS, keep_family, normalize
 from kvwatch.parse import parse
 from kvwatch.state import Target
 from tests.helpers.recordings import recording
@@ -19,11 +19,12 @@ def _to_openmetrics(text: str) -> str:
     return make().to_openmetrics(text)
 
 
-def _extra(pinned: dict[str, float], skipped: float = 3.0, rejected: float | None = 7.0) -> str:
+def _extra(pinned: dict[str, float], skipped: float = 3.0, rejected: float | None = 7.0, fetch: bool = True) -> str:
     """The 0.33 families a P/D consumer with CPU offload adds, for the engines of ``pinned`` (engine -> the
-    pinned share), each family declared once; ``rejected``: the API server's admission counter, or none."""
+    pinned share), each family declared once; ``rejected``: the API server's admission counter, or none;
+    ``fetch``: the KV consumer's loads (3 of the queue: the kv_transfer rule reads them)."""
     es = [f'engine="{e}",{M}' for e in pinned]
-    lines = [
+    fetches = [
         # loggers.py gauge_kv_fetch_by_stage: only when kv_transfer_config.is_kv_consumer
         "# HELP vllm:num_requests_kv_fetch_by_stage Number of waiting requests by async KV load stage.",
         "# TYPE vllm:num_requests_kv_fetch_by_stage gauge",
@@ -32,6 +33,9 @@ def _extra(pinned: dict[str, float], skipped: float = 3.0, rejected: float | Non
             for e in es
             for s, v in (("waiting_to_start", 2.0), ("in_progress", 1.0), ("completed_waiting", 0.0))
         ),
+    ]
+    lines = fetches if fetch else []
+    lines += [
         # vllm/v1/kv_offload/cpu/common.py CPUOffloadingMetrics.CPU_CACHE_USAGE_PERC, a gauge
         "# HELP vllm:kv_offload_cpu_cache_usage_perc Fraction of CPU KV-cache space currently pinned by active transfers.",
         "# TYPE vllm:kv_offload_cpu_cache_usage_perc gauge",
@@ -70,16 +74,17 @@ def test_033_raw_fields_from_text_and_from_openmetrics():
     body = base + _extra({"0": 0.25, "1": 0.5})
     snaps = _snapshots(body)
     snaps_hists = {k[1]: s.histograms for k, s in normalize(parse(body, keep_family)).items()}
+    levels = {k[1]: s.sleep_level for k, s in normalize(parse(_to_openmetrics(body), keep_family)).items()}
+    assert levels == {"0": 0, "1": 0}  # awake=1 (loggers.py record_sleep_state), read from OpenMetrics too
     assert snaps == _snapshots(_to_openmetrics(body))  # the Rust frontend's form gives the same fields
     for engine, pinned in (("0", 0.25), ("1", 0.5)):
         gauges, counters = snaps[("tiny-llama-dummy", engine)]
-        assert gauges["engine_awake"] == 1.0 and gauges["engine_discard_all"] == 0.0  # loggers.py record_sleep_state
-        assert gauges["requests_kv_fetch_waiting_to_start"] == 2.0 and gauges["requests_kv_fetch_in_progress"] == 1.0
+        assert gauges["kv_fetch_waiting_to_start"] == 2.0 and gauges["kv_fetch_in_progress"] == 1.0
         assert counters["prompt_tokens"] > 0 and "iteration_tokens" in snaps_hists[engine]
         assert gauges["kv_offload_pinned_ratio"] == pinned and counters["kv_offload_stores_skipped"] == 3.0
         # The model's count on each engine as it is: not halved, not doubled.
-        assert counters["admission_rejections_max_num_queued_reqs"] == 7.0
-        assert counters["admission_rejections_max_num_queued_tokens"] == 0.0
+        assert counters[REJECTIONS + "max_num_queued_reqs"] == 7.0
+        assert counters[REJECTIONS + "max_num_queued_tokens"] == 0.0
         # num_requests_waiting includes the deferred (loggers.py record()): the reasons add up to it
         assert gauges["requests_waiting"] == gauges["requests_waiting_capacity"] + gauges["requests_waiting_deferred"]
 
@@ -96,13 +101,13 @@ def _diagnoses(extra_for):
 def test_offload_saturation_is_in_the_evidence_and_changes_no_verdict():
     plain = _diagnoses(lambda i: "")
     pinned = [0.4, 1.0, 1.0, 0.6]
-    offload = _diagnoses(lambda i: _extra({"0": pinned[i % 4]}, rejected=None))
+    offload = _diagnoses(lambda i: _extra({"0": pinned[i % 4]}, rejected=None, fetch=False))
     assert [d.bottleneck for d in offload] == [d.bottleneck for d in plain]
     texts = [" ".join(d.engines[0].evidence) for d in offload]
     assert all("CPU KV offload: up to 100% of the CPU tier pinned by in-flight transfers" in t for t in texts[2:])
     assert all("offload saturated" in t for t in texts[2:])
     assert not any("CPU KV offload" in " ".join(d.engines[0].evidence) for d in plain)  # absent, nothing said
-    never_full = _diagnoses(lambda i: _extra({"0": 0.6}, rejected=None))
+    never_full = _diagnoses(lambda i: _extra({"0": 0.6}, rejected=None, fetch=False))
     text = " ".join(never_full[5].engines[0].evidence)
     assert "up to 60% of the CPU tier" in text and "not how full the CPU tier is" in text and "saturated" not in text
     assert offload[5].engines[0].signals.as_dict()["kv_offload_pinned_max"] == 1.0

@@ -57,6 +57,10 @@ def real_families() -> dict[str, dict]:
 REAL = real_families()
 
 
+# Families the 0.32 captures cannot show (no LoRA, no P/D there): each is checked against vLLM's source below.
+NOT_CAPTURED = {"vllm:lora_requests_info", "vllm:num_requests_kv_fetch_by_stage"}
+
+
 def simulated(preset: str, seconds: float = 20.0, version: str = "0.32", **kw) -> str:
     sim = Simulator(load_scenario(preset, overrides=kw.pop("overrides", None)), seed=3, **kw)
     sim.advance_to(seconds)
@@ -74,8 +78,8 @@ def test_every_emitted_family_exists_in_the_real_captures_with_same_type_help_an
     sim = families(text)
     assert sim, "nothing rendered"
     for name, fam in sim.items():
-        if name == "vllm:lora_requests_info":
-            continue  # not in the captures (no LoRA there); checked against vLLM's source below
+        if name in NOT_CAPTURED:
+            continue  # not in the captures (no LoRA, no P/D there); checked against vLLM's source below
         assert name in REAL, f"{name} is not a vLLM 0.32 family"
         real = REAL[name]
         assert fam["type"] == real["type"], name
@@ -88,7 +92,7 @@ def test_every_emitted_family_exists_in_the_real_captures_with_same_type_help_an
 @pytest.mark.parametrize("preset", PRESETS)
 def test_the_vllm_families_are_all_there_in_the_captures_order(preset):
     """Same families in the same order as a real capture (python/process/http aside)."""
-    ours = [n for n in families(simulated(preset)) if n.startswith("vllm:") and n != "vllm:lora_requests_info"]
+    ours = [n for n in families(simulated(preset)) if n.startswith("vllm:") and n not in NOT_CAPTURED]
     real = [n for n in families((FIXTURES / "kv_cache" / "1796120560.003.prom").read_text()) if n.startswith("vllm:")]
     assert ours == real
 
@@ -114,6 +118,23 @@ def test_cache_config_info_has_the_real_label_set_and_values_for_the_same_flags(
                      if l.startswith("vllm:cache_config_info{"))
     ours_line = next(l for l in simulated("kv_cache", 1.0).splitlines() if l.startswith("vllm:cache_config_info{"))
     assert ours_line == real_line  # 64 blocks x 32, 8 MiB, 2048 tokens, max concurrency 2.0 at 1024
+
+
+def test_kv_fetch_by_stage_matches_vllm_033_source_definition():
+    # vLLM 0.33 v1/metrics/loggers.py (commit 00ec631b): Gauge("vllm:num_requests_kv_fetch_by_stage", ...,
+    # labelnames=[model_name, engine, stage]) for stage in KV_FETCH_STAGES, only with a kv_consumer config.
+    text = simulated("kv_transfer", 20.0)
+    fam = families(text)["vllm:num_requests_kv_fetch_by_stage"]
+    assert fam["type"] == "gauge"
+    assert fam["help"] == (
+        "Number of waiting requests by async KV load stage. Stage labels: 'waiting_to_start' = needs an async KV "
+        "load that has not started; 'in_progress' = load started and not yet reported finished; "
+        "'completed_waiting' = load finished, request not running yet."
+    )
+    assert fam["labels"] == {"vllm:num_requests_kv_fetch_by_stage": {("engine", "model_name", "stage")}}
+    stages = re.findall(r'^vllm:num_requests_kv_fetch_by_stage\{.*stage="(\w+)"\}', text, re.M)
+    assert stages == ["waiting_to_start", "in_progress", "completed_waiting"]
+    assert "vllm:num_requests_kv_fetch_by_stage" not in families(simulated("healthy", 5.0))
 
 
 def test_lora_requests_info_matches_vllm_source_definition():

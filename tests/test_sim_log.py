@@ -26,6 +26,11 @@ INTERVAL = 10.0  # vLLM's VLLM_LOG_STATS_INTERVAL
 SECONDS = {"tour": 240.0}  # two cycles of 107 s; the others two minutes (12 records)
 SETTLE = 2 * INTERVAL  # a record is judged once its window (two records) lies inside its phase
 SHARE = 0.7
+# vLLM 0.32's stats line has no field for these limits (the sleep state, the deferred share, remote KV loads:
+# 0.33 adds `Deferred` and `KV fetch`), and the simulator writes the 0.32 line: in its log they read as what
+# the line shows (asleep as stalled, the kv_transfer queue as a ceiling). Not judged here; an open gap of
+# `kvwatch logs`, said in the README.
+LOG_BLIND = {"asleep", "max_loras", "kv_transfer"}
 
 
 @functools.cache
@@ -44,7 +49,7 @@ def records(preset: str) -> list[tuple[str, float, str]]:
     return out
 
 
-@pytest.mark.parametrize("preset", list(CASES))
+@pytest.mark.parametrize("preset", [p for p in CASES if p not in LOG_BLIND])
 def test_every_preset_is_named_in_its_own_server_log(preset):
     _, expected = CASES[preset]
     rows = records(preset)
@@ -68,7 +73,9 @@ def test_every_preset_is_named_in_its_own_server_log(preset):
 def test_the_log_is_vllms_format_and_carries_the_gpu_cache_size():
     sim = Simulator(load_scenario("gpu_kv_cache"), seed=11, wall_start=1.8e9)
     lines = list(simulated_log(sim, 30.0))
-    assert lines[0].endswith("GPU KV cache size: 447,440 tokens, Maximum concurrency for 32,768 tokens per request: 13.65x")
+    assert lines[0].endswith(
+        "GPU KV cache size: 447,440 tokens, Maximum concurrency for 32,768 tokens per request: 13.65x"
+    )
     stats = lines[1:]
     assert len(stats) == 3 and all("[loggers.py:335] Engine 000: Avg prompt throughput: " in s for s in stats)
     assert all(", GPU KV cache usage: " in s and s.endswith("%") for s in stats)
@@ -77,18 +84,41 @@ def test_the_log_is_vllms_format_and_carries_the_gpu_cache_size():
 def test_kvwatch_sim_writes_its_log_for_kvwatch_logs(tmp_path):
     log = tmp_path / "vllm.log"
     sim = subprocess.run(
-        [sys.executable, "-m", "kvwatch", "sim", "--scenario", "gpu_max_num_seqs", "--port", "0", "--speed", "20",
-         "--duration", "4", "--log-file", str(log)], capture_output=True, text=True, timeout=120)
+        [
+            sys.executable,
+            "-m",
+            "kvwatch",
+            "sim",
+            "--scenario",
+            "gpu_max_num_seqs",
+            "--port",
+            "0",
+            "--speed",
+            "20",
+            "--duration",
+            "4",
+            "--log-file",
+            str(log),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert sim.returncode == 0, sim.stderr
     text = log.read_text()
     assert text.count("[loggers.py:335] Engine 000:") >= 3, text  # 80 simulated seconds at 10-s intervals
-    out = subprocess.run([sys.executable, "-m", "kvwatch", "logs", str(log)], capture_output=True, text=True,
-                         timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "kvwatch", "logs", str(log)], capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     assert "Dominant bottleneck: max_num_seqs" in out.stdout, out.stdout
 
 
 def test_an_unwritable_log_file_is_one_line_and_exit_2(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "kvwatch", "sim", "--log-file", str(tmp_path / "no" / "x.log"),
-                          "--duration", "1"], capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "kvwatch", "sim", "--log-file", str(tmp_path / "no" / "x.log"), "--duration", "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "--log-file" in out.stderr, out.stderr

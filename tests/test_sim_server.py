@@ -220,4 +220,5 @@ def test_cli_lists_the_presets(capsys):
     names = [line.split()[0] for line in out.splitlines()]
     assert names == list_presets()
     cpu = {"idle", "healthy", "kv_cache", "max_num_seqs", "token_budget", "stalled"}
-    assert set(names) == cpu | {"tour"} | {f"gpu_{n}" for n in cpu}
+    new = {"asleep", "max_loras", "kv_transfer"}
+    assert set(names) == cpu | new | {"tour"} | {f"gpu_{n}" for n in cpu}

@@ -33,7 +33,8 @@ Without a server (pure simulation, exact and fast)::
     text = render(sim, "0.32")           # the /metrics body at that instant
 
 Scenarios are JSON data (``kvwatch/scenarios/*.json``; format in :mod:`kvwatch.sim.scenario`):
-``idle``, ``healthy``, ``kv_cache``, ``max_num_seqs``, ``token_budget``, ``stalled`` and ``tour``
+``idle``, ``healthy``, ``kv_cache``, ``max_num_seqs``, ``token_budget``, ``stalled``, ``asleep``, ``max_loras``,
+``kv_transfer`` and ``tour``
 (the default; loops healthy -> kv_cache -> recovery -> max_num_seqs -> token_budget).
 The kv_cache / max_num_seqs / token_budget presets use the flags of the real vLLM 0.32 captures in
 tests/fixtures/vllm-0.32.0-cpu, and the step-time model is fitted to them.

@@ -31,7 +31,9 @@ The model follows ``vllm/v1/core/sched/scheduler.py`` (FCFS policy) step by step
 Left out (simplifications): a preempted request's own blocks are not kept for reuse (only shared
 prefixes are cached); shared prefixes are cached when the prompt completes rather than block by
 block; preemptions are counted when they happen (vLLM counts them with the request's next output);
-no priority scheduling, speculative decoding, KV offloading/connectors or async scheduling; the step
+no priority scheduling, speculative decoding, KV offloading or async scheduling; a KV connector only as
+the decode side of P/D (``kv_transfer_tokens_per_s``: each prompt's KV but its last token loads in turn at that rate;
+until it has, the scheduler skips the request as vLLM does one WAITING_FOR_REMOTE_KVS, and counts it deferred); the step
 time is linear in the batch (see :class:`kvwatch.sim.scenario.StepTime`).
 """
 
@@ -96,6 +98,9 @@ class Request:
         "cached_tokens",
         "prompt_bytes",
         "deferred",
+        "kv_start",
+        "kv_ready",
+        "external_tokens",
     )
 
     def __init__(self, rid, arrival, prompt_len, out_target, max_tokens, n=1, lora=None, chain_keys=()):
@@ -121,6 +126,9 @@ class Request:
         self.cached_tokens = 0
         self.prompt_bytes = 0
         self.deferred = False
+        self.kv_start = 0.0  # P/D decode side: when its remote KV load starts and has finished (0: no load)
+        self.kv_ready = 0.0
+        self.external_tokens = 0  # prompt tokens whose KV was loaded, not computed
 
 
 class EngineStats:
@@ -145,6 +153,9 @@ class EngineStats:
         self.running = 0
         self.waiting = 0
         self.waiting_deferred = 0
+        self.kv_fetch = (0, 0, 0)  # waiting_to_start, in_progress, completed_waiting (P/D decode side)
+        self.prompt_external = 0  # prompt tokens whose KV came over the connector
+        self.sleep_level = 0  # 0 awake; 1, 2 asleep at that level (engine_sleep_state)
         self.kv_usage = 0.0
         self.running_loras: tuple[str, ...] = ()
         self.waiting_loras: tuple[str, ...] = ()
@@ -195,6 +206,7 @@ class Engine:
         self.on_lora = on_lora  # callback(engine, t) after each step of a LoRA-enabled engine
         self.lora_counts: dict[str, int] = {}
         self._deferred = 0
+        self.connector_free = 0.0  # P/D decode side: when the connector finishes the loads queued so far
 
     # ------------------------------------------------------------------ public
 
@@ -222,6 +234,10 @@ class Engine:
             self.next_t = now if self.has_work else INF
 
     def add_request(self, req: Request, now: float) -> None:
+        rate = self.cfg.kv_transfer_tokens_per_s
+        if rate:
+            req.kv_start = max(now, self.connector_free)
+            req.kv_ready = self.connector_free = req.kv_start + (req.prompt_len - 1) / rate
         self.waiting.append(req)
         if self.in_flight is None and self.next_t == INF and not self.stalled:
             self.next_t = now
@@ -376,7 +392,7 @@ class Engine:
         caching = cfg.enable_prefix_caching
         while waiting and budget > 0 and len(running) < max_seqs:
             req = waiting[0]
-            if req.lora is not None and req.lora not in loras and len(loras) >= max_loras:
+            if (req.lora is not None and req.lora not in loras and len(loras) >= max_loras) or req.kv_ready > now:
                 skipped.append(waiting.popleft())
                 req.deferred = True
                 continue
@@ -386,6 +402,9 @@ class Engine:
             else:
                 hit_runs, hit_blocks, touched = (), 0, 0
             hit_tokens = hit_blocks * bs
+            if _loads_remote_kv(req):  # the prefill side computed it: only the last token is left
+                hit_runs, hit_blocks, touched = (), 0, 0
+                hit_tokens = req.prompt_len - 1
             num_new = req.num_tokens - hit_tokens
             if num_new > budget:
                 num_new = budget
@@ -429,9 +448,10 @@ class Engine:
                 self.free -= run.nblocks
             run.refs += 1
         hit_tokens = hit_blocks * self.bs
+        external = req.prompt_len - 1 if _loads_remote_kv(req) else 0  # its blocks are among the ``need``
         req.runs = list(hit_runs)
         req.shared_blocks = hit_blocks
-        req.num_computed = hit_tokens
+        req.num_computed = hit_tokens + external
         self._allocate(need)
         req.blocks = need
         if req.num_preemptions == 0:
@@ -439,6 +459,7 @@ class Engine:
             self.stats.prefix_hits += hit_tokens
             self.stats.cached_device += hit_tokens
             req.cached_tokens = hit_tokens
+            req.external_tokens = external
         if req.scheduled_ts < 0:
             req.scheduled_ts = now
         if req.lora is not None:
@@ -475,11 +496,8 @@ class Engine:
                 # First token: the prompt counts now (vLLM's IterationStats), once per request.
                 stats.h_ttft.observe(now - req.arrival)
                 req.first_token_ts = now
-                p = req.prompt_len
-                prompt_iter += p
-                stats.prompt_local_compute += p - req.cached_tokens
-                stats.prompt_local_cache_hit += req.cached_tokens
-                stats.prompt_cached += req.cached_tokens
+                prompt_iter += req.prompt_len
+                _count_prompt(stats, req)
                 if self.cfg.enable_prefix_caching and req.chain_keys:
                     self._register_prefix(req)
             elif req.last_token_ts == prev_end:
@@ -511,7 +529,7 @@ class Engine:
                 self._record_finished(req, now)
         self.prev_end = now
         stats.steps += 1
-        self._publish()
+        self._publish(now)
         if self.cfg.max_loras and self.on_lora is not None:
             self.on_lora(self, now)
         self.next_t = now if (self.has_work and not self.stalled) else INF
@@ -550,12 +568,38 @@ class Engine:
         if self.on_finish:
             self.on_finish(self, req, now, reason)
 
-    def _publish(self) -> None:
+    def _publish(self, now: float) -> None:
         s = self.stats
         s.running = len(self.running)
         s.waiting = len(self.waiting)
         s.waiting_deferred = self._deferred
         s.kv_usage = 1.0 - self.free / self.usable
+        if self.cfg.kv_transfer_tokens_per_s:
+            s.kv_fetch = _kv_fetch_stages(self.waiting, now)
         if self.cfg.max_loras:
             s.running_loras = tuple(sorted(self.lora_counts))
             s.waiting_loras = tuple(sorted({r.lora for r in self.waiting if r.lora is not None}))
+
+
+def _loads_remote_kv(req: Request) -> bool:
+    """A P/D decode engine's request, admitted the first time: its prompt's KV came from the prefill side (after a
+    preemption it is recomputed here)."""
+    return req.kv_ready > 0 and req.num_preemptions == 0
+
+
+def _kv_fetch_stages(waiting, now: float) -> tuple[int, int, int]:
+    """vLLM 0.33's num_requests_kv_fetch_by_stage: waiting requests whose load has not started, is in progress, or
+    has finished while they are not running yet."""
+    stages = [0, 0, 0]
+    for r in waiting:
+        if r.kv_ready and not r.num_preemptions:
+            stages[0 if now < r.kv_start else 1 if now < r.kv_ready else 2] += 1
+    return stages[0], stages[1], stages[2]
+
+
+def _count_prompt(stats: EngineStats, req: Request) -> None:
+    """A request's prompt by source, once, at its first token (vLLM's PromptTokenStats)."""
+    stats.prompt_local_compute += req.prompt_len - req.cached_tokens - req.external_tokens
+    stats.prompt_local_cache_hit += req.cached_tokens
+    stats.prompt_external += req.external_tokens
+    stats.prompt_cached += req.cached_tokens + req.external_tokens  # "local + external" (loggers.py)

@@ -99,6 +99,7 @@ H = {
     "num_requests_running": "Number of requests in model execution batches.",
     "num_requests_waiting": "Number of requests waiting to be processed.",
     "num_requests_waiting_by_reason": "Number of waiting requests by reason. Reason labels: 'capacity' = waiting for scheduling capacity; 'deferred' = deferred by transient constraints (LoRA budget, KV transfer, blocked status). Sum of all reasons equals vllm:num_requests_waiting.",
+    "num_requests_kv_fetch_by_stage": "Number of waiting requests by async KV load stage. Stage labels: 'waiting_to_start' = needs an async KV load that has not started; 'in_progress' = load started and not yet reported finished; 'completed_waiting' = load finished, request not running yet.",
     "engine_sleep_state": "Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is awake; weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep level 2.",
     "gpu_cache_usage_perc_010": "GPU KV-cache usage. 1 means 100 percent usage.DEPRECATED: Use vllm:kv_cache_usage_perc instead.",
     "gpu_prefix_cache_queries_010": "GPU prefix cache queries, in terms of number of queriedtokens. DEPRECATED: Use vllm:prefix_cache_queries instead.",
@@ -372,7 +373,7 @@ def render(sim, version: str = "0.32", process_start: float | None = None) -> st
         return _render_v0(sim)
     out = _Out(created=True)
     _process_families(out, sim.wall_start if process_start is None else process_start)
-    pe = _PerEngine(out, sim.engines)
+    pe = _PerEngine(out, sim.engines, sim.rejected)
     # Families in the order a real 0.32 capture prints them (tests/test_sim_format.py checks it).
     _scheduler_families(pe)
     if version == "0.10":
@@ -392,13 +393,19 @@ def render(sim, version: str = "0.32", process_start: float | None = None) -> st
     return out.text()
 
 
+# vLLM 0.33 v1/metrics/stats.py KV_FETCH_STAGES, in the order its log line prints them
+KV_FETCH_STAGES = ("waiting_to_start", "in_progress", "completed_waiting")
+
+
 class _PerEngine:
     """Rows of the per-engine V1 families: each engine's labels, stats and ``_created`` time."""
 
-    __slots__ = ("out", "model", "lab", "st", "cr", "zeros")
+    __slots__ = ("out", "model", "lab", "st", "cr", "zeros", "rejected", "kv_consumer")
 
-    def __init__(self, out: _Out, engines):
+    def __init__(self, out: _Out, engines, rejected: dict[str, int] | None = None):
         self.out = out
+        self.rejected = rejected or {}  # the frontend's admission rejections by reason (no engine label)
+        self.kv_consumer = engines[0].cfg.kv_transfer_tokens_per_s is not None  # a P/D decode engine
         self.model = engines[0].cfg.model_name
         self.lab = [{"engine": str(e.index), "model_name": self.model} for e in engines]
         self.st = [e.stats for e in engines]
@@ -429,13 +436,27 @@ def _scheduler_families(pe: _PerEngine) -> None:
         "reason",
         lambda s: (("capacity", s.waiting - s.waiting_deferred), ("deferred", s.waiting_deferred)),
     )
+    if pe.kv_consumer:  # registered only with a kv_transfer_config that is_kv_consumer (0.33 loggers.py)
+        pe.split(
+            "vllm:num_requests_kv_fetch_by_stage",
+            "num_requests_kv_fetch_by_stage",
+            "gauge",
+            "stage",
+            lambda s: tuple(zip(KV_FETCH_STAGES, map(float, s.kv_fetch), strict=True)),
+        )
     pe.split(
         "vllm:engine_sleep_state",
         "engine_sleep_state",
         "gauge",
         "sleep_state",
-        lambda s: (("awake", 1.0), ("weights_offloaded", 0.0), ("discard_all", 0.0)),
+        _sleep_state,
     )
+
+
+def _sleep_state(s) -> tuple[tuple[str, float], ...]:
+    """vLLM's record_sleep_state (v1/metrics/loggers.py): awake 1 and the rest 0, or awake 0 and the level's 1."""
+    level = s.sleep_level
+    return ("awake", float(level == 0)), ("weights_offloaded", float(level == 1)), ("discard_all", float(level == 2))
 
 
 def _deprecated_010_families(pe: _PerEngine) -> None:
@@ -477,7 +498,7 @@ def _token_and_request_counters(pe: _PerEngine) -> None:
         lambda s: (
             ("local_compute", s.prompt_local_compute),
             ("local_cache_hit", s.prompt_local_cache_hit),
-            ("external_kv_transfer", 0),
+            ("external_kv_transfer", s.prompt_external),
         ),
     )
     pe.series("vllm:prompt_tokens_cached_total", "prompt_tokens_cached", [s.prompt_cached for s in st], "counter")
@@ -500,13 +521,14 @@ def _token_and_request_counters(pe: _PerEngine) -> None:
         "finished_reason",
         lambda s: [(r, s.success[r]) for r in FINISH_REASONS],
     )
-    # Labelled by model and reason only, as in the 0.32 captures: no engine label.
+    # Labelled by model and reason only, as in the 0.32 captures: no engine label. The frontend counts a request
+    # it answers 503 because the unfinished requests would pass --max-num-queued-reqs (AsyncLLM.check_admission).
     pe.out.simple(
         "vllm:admission_rejections_total",
         H["admission_rejections"],
         "counter",
         [
-            ({"model_name": pe.model, "reason": r}, 0.0, pe.cr[0])
+            ({"model_name": pe.model, "reason": r}, float(pe.rejected.get(r, 0)), pe.cr[0])
             for r in ("max_num_queued_reqs", "max_num_queued_tokens")
         ],
     )

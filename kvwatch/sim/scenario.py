@@ -14,6 +14,8 @@ A scenario is a JSON document (the presets live in ``kvwatch/scenarios/*.json``)
         "max_num_seqs": 16, "max_num_batched_tokens": 4096,
         "enable_prefix_caching": true, "kv_bytes_per_token": 4096,
         "max_loras": 0,
+        "max_num_queued_reqs": null,     # the frontend's 503 cap (counted in vllm:admission_rejections_total)
+        "kv_transfer_tokens_per_s": null,  # a P/D decode engine: prompts' KV arrive at this rate
         "step_time": {"base_s": 0.0033, "per_token_s": 6.1e-05, "per_seq_s": 0.0,
                       "per_context_token_s": 0.0, "jitter": 0.1}
       },
@@ -38,6 +40,8 @@ A scenario is a JSON document (the presets live in ``kvwatch/scenarios/*.json``)
          "engine": {"max_num_seqs": 32}, # overrides of runtime flags (max_num_seqs,
                                          #   max_num_batched_tokens, max_loras, step_time)
          "stalled": false,               # the engine stops stepping (requests stay put)
+         "sleep_level": 0,               # 1 or 2: put to sleep (POST /sleep?level=N): it stops stepping and
+                                         #   engine_sleep_state says so
          "abort_waiting": false}         # clients abort every queued request when the phase starts
       ]
     }
@@ -244,6 +248,12 @@ class EngineConfig(_Model):
     gpu_memory_utilization: float = Field(0.92, gt=0, le=1)
     cache_dtype: str = Field("auto", min_length=1)
     max_loras: int = Field(0, ge=0)
+    # --max-num-queued-reqs (vLLM 0.33 AsyncLLM.check_admission): the frontend answers 503 to a request that would
+    # take the unfinished requests (waiting + running) past it
+    max_num_queued_reqs: int | None = Field(None, ge=1)
+    # A P/D decode engine (--kv-transfer-config kv_role kv_consumer): every prompt's KV is loaded from the prefill
+    # side through a connector that moves this many tokens a second, one request after another
+    kv_transfer_tokens_per_s: float | None = Field(None, gt=0)
     step_time: StepTime = StepTime()
 
     @property
@@ -310,6 +320,7 @@ class Phase(_Model):
     workload: Workload
     engine: EngineConfig
     stalled: bool = False
+    sleep_level: int = Field(0, ge=0, le=2)
     abort_waiting: bool = False
 
     @model_validator(mode="after")

@@ -65,6 +65,7 @@ class Simulator:
         self.lora_info: dict[tuple[str, str], float] = {}  # (running, waiting) -> last set (virtual time)
         self.next_rid = 0
         self.dropped = 0  # arrivals the clients did not send (max_outstanding)
+        self.rejected: dict[str, int] = {}  # reason -> requests the frontend refused with 503 (admission caps)
         self.outstanding = 0
         self.phase_index = -1
         self.phase: Phase = scenario.phases[0]
@@ -136,6 +137,7 @@ class Simulator:
                     "generation_tokens": e.stats.gen_tokens,
                     "steps": e.stats.steps,
                     "stalled": e.stalled,
+                    "sleep_level": e.stats.sleep_level,
                     "max_num_seqs": e.cfg.max_num_seqs,
                     "max_num_batched_tokens": e.cfg.max_num_batched_tokens,
                 }
@@ -154,7 +156,8 @@ class Simulator:
         self.phase_log.append((t, ph.name))
         for e in self.engines:
             e.set_config(ph.engine, t)
-            e.set_stalled(ph.stalled, t)
+            e.set_stalled(ph.stalled or ph.sleep_level > 0, t)
+            e.stats.sleep_level = ph.sleep_level  # vLLM sets engine_sleep_state at once (record_sleep_state)
             if ph.abort_waiting:
                 e.abort_waiting(t)
         wl = ph.workload
@@ -194,6 +197,9 @@ class Simulator:
             self.dropped += 1
             return
         cfg = self.engines[0].cfg
+        if cfg.max_num_queued_reqs is not None and self.outstanding + n > cfg.max_num_queued_reqs:
+            self.rejected["max_num_queued_reqs"] = self.rejected.get("max_num_queued_reqs", 0) + 1
+            return
         max_len = cfg.max_model_len
         if prompt > max_len - 1:
             prompt = max_len - 1

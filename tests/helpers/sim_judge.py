@@ -26,6 +26,11 @@ CASES = {
     "token_budget": (1.0, {"token_budget": ("token_budget", 6.0)}),
     # kvwatch calls a target stalled after max(5 s, 3 intervals) without token progress
     "stalled": (1.0, {"serving": ("none", 6.0), "stalled": ("stalled", 10.0)}),
+    # asleep: engine_sleep_state changes at once, within a scrape; the frozen rest must never read stalled
+    "asleep": (1.0, {"serving": ("none", 6.0), "asleep": ("asleep", 3.0)}),
+    # max_loras: a queue of deferred requests in min_queue_samples scrapes
+    "max_loras": (1.0, {"max_loras": ("max_loras", 6.0)}),
+    "kv_transfer": (1.0, {"kv_transfer": ("kv_transfer", 6.0)}),
     # The tour in real time too: each phase is judged with the previous one still in kvwatch's
     # 10 s window (max_num_seqs follows recovery's decaying preemption rate; token_budget's mean
     # tokens per step must climb from max_num_seqs' ~64).
