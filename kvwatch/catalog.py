@@ -267,6 +267,10 @@ class Thresholds:
     # A P/D decode engine is paced by remote KV when at least this share of its queue waits for a KV load to start
     # or finish (num_requests_kv_fetch_by_stage waiting_to_start + in_progress): most of the queue, not a straggler.
     kv_transfer_share: float = 0.5
+    # With every LoRA slot taken and adapters waiting, at least this share of the queue deferred (the rest waits
+    # a step for the budget right after a slot turns over: the gpu_max_loras preset read 174 of 313 "capacity"
+    # for a sample) names max_loras, when KV is also below the admission stall.
+    lora_deferred_share: float = 0.5
     # A running request holding this many times the mean sequence's tokens of KV holds pages whatever its length
     # (hybrid models: MiaAI-Lab/GLM-5.3-Flash-EXL3-2x-DGX-Sparks#122, ~90k pool tokens per 2.4k-token request): the
     # next request needs that much free, not its prompt.

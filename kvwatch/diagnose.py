@@ -375,13 +375,17 @@ def no_queue(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
 def max_loras(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
     """Requests wait for a LoRA slot: the running adapters fill ``max_lora`` while other adapters wait. vLLM's
     scheduler skips a request whose adapter would exceed max_loras and counts it deferred (0.12+
-    ``num_requests_waiting_by_reason{reason="deferred"}``): named only when the deferred requests are the whole
-    queue (or vLLM does not split it), so capacity-held requests go on to the rules below."""
+    ``num_requests_waiting_by_reason{reason="deferred"}``): named when the deferred requests are the whole queue
+    (or vLLM does not split it), or most of it with KV room; a queue held mostly by capacity goes on below."""
     c, deferred, waiting = s.capacity, s.queue.waiting_deferred, _waiting(s)
     if not _lora_slots_full(s):
         return None
-    if s.queue.waiting_streak < th.min_queue_samples or (deferred is not None and deferred < waiting):
+    if s.queue.waiting_streak < th.min_queue_samples:
         return None
+    if deferred is not None and deferred < waiting:
+        kv = s.kv.recent_max or 0.0
+        if deferred < th.lora_deferred_share * waiting or kv >= th.admission_stall:
+            return None
     deferred_text = "vLLM does not split the queue by reason" if deferred is None else f"{_n(deferred)} deferred"
     numbers = {"running_adapters": c.lora_running, "waiting_adapters": c.lora_waiting, "max_lora": c.max_lora}
     fact = ("lora_slots_full", {"waiting": waiting, "deferred_text": deferred_text} | numbers)
@@ -419,7 +423,7 @@ def _lora_slots_full(s: Signals) -> bool:
 def _lora_reason(deferred: float | None) -> str:
     if deferred is None:
         return "every LoRA slot is taken while adapters wait (lora_requests_info)"
-    return "every LoRA slot is taken while adapters wait, and vLLM counts the whole queue as deferred"
+    return "every LoRA slot is taken while adapters wait, and vLLM counts most of the queue as deferred"
 
 
 def all_deferred(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:

@@ -30,7 +30,7 @@ SHARE = 0.7
 # 0.33 adds `Deferred` and `KV fetch`), and the simulator writes the 0.32 line: in its log they read as what
 # the line shows (asleep as stalled, the kv_transfer queue as a ceiling). Not judged here; an open gap of
 # `kvwatch logs`, said in the README.
-LOG_BLIND = {"asleep", "max_loras", "kv_transfer"}
+LOG_BLIND = {"asleep", "max_loras", "kv_transfer", "gpu_asleep", "gpu_max_loras", "gpu_kv_transfer"}
 
 
 @functools.cache

@@ -221,4 +221,4 @@ def test_cli_lists_the_presets(capsys):
     assert names == list_presets()
     cpu = {"idle", "healthy", "kv_cache", "max_num_seqs", "token_budget", "stalled"}
     new = {"asleep", "max_loras", "kv_transfer"}
-    assert set(names) == cpu | new | {"tour"} | {f"gpu_{n}" for n in cpu}
+    assert set(names) == cpu | new | {"tour"} | {f"gpu_{n}" for n in cpu | new}

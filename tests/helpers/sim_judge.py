@@ -44,6 +44,9 @@ CASES = {
     "gpu_max_num_seqs": (1.0, {"max_num_seqs": ("max_num_seqs", PLATEAU_LAG)}),
     "gpu_token_budget": (1.0, {"token_budget": ("token_budget", 6.0)}),
     "gpu_stalled": (1.0, {"serving": ("none", 6.0), "stalled": ("stalled", 10.0)}),
+    "gpu_asleep": (1.0, {"serving": ("none", 6.0), "asleep": ("asleep", 3.0)}),
+    "gpu_max_loras": (1.0, {"max_loras": ("max_loras", 6.0)}),
+    "gpu_kv_transfer": (1.0, {"kv_transfer": ("kv_transfer", 6.0)}),
 }
 
 # Simulated seconds each preset is watched: long enough for its judged phases (a filling phase first).
