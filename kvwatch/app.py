@@ -155,7 +155,8 @@ MONITOR = web.AppKey("monitor", Monitor)
 def make_app(monitor: Monitor, web_config: WebConfigWatcher | None = None) -> web.Application:
     """The sidecar's routes; with ``web_config``, its basic auth (every route but the probes) and headers."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(KvwatchCollector(lambda: monitor.targets.values()))
+    # collect() runs in the event loop (make_aiohttp_handler renders in the handler), so all_tasks() sees it.
+    registry.register(KvwatchCollector(lambda: monitor.targets.values(), lambda: len(asyncio.all_tasks())))
 
     @web.middleware
     async def server_header(request, handler):

@@ -305,6 +305,15 @@ FAMILIES: tuple[Family, ...] = (
     ),
     Family("kvwatch_build_info", "gauge", ("version",), "1", "kvwatch version."),
     Family(
+        "kvwatch_asyncio_tasks",
+        "gauge",
+        (),
+        "tasks",
+        "Asyncio tasks alive in kvwatch's event loop.",
+        doc="asyncio tasks alive in kvwatch's event loop: flat over time (one scrape loop per target plus the "
+        "requests being served); a climb is a leak (`python -m bench soak` watches it)",
+    ),
+    Family(
         "kvwatch_target_bottleneck",
         "gauge",
         ("target", "bottleneck"),

@@ -30,7 +30,7 @@ __all__ = ["KvwatchCollector"]
 
 # Plain per-engine gauges: (family, how to read its value from Signals).
 _ENGINE_GAUGES = [(f, attrgetter(f.signal)) for f in FAMILIES if f.signal]
-_QUANTILES = [f for f in FAMILIES if f.labels[-1] == "quantile"]
+_QUANTILES = [f for f in FAMILIES if f.labels[-1:] == ("quantile",)]
 
 # The catalogue's families are gauges and counters (prometheus_client's Metric has no add_metric).
 _Metric = GaugeMetricFamily | CounterMetricFamily
@@ -44,8 +44,9 @@ def _new(f: Family) -> _Metric:
 class KvwatchCollector(Collector):
     """Every family of the catalogue, from ``targets()`` at the moment of the scrape."""
 
-    def __init__(self, targets: Callable[[], Iterable[Target]]):
+    def __init__(self, targets: Callable[[], Iterable[Target]], tasks: Callable[[], int] | None = None):
         self._targets = targets
+        self._tasks = tasks  # the served app counts its event loop's tasks; offline uses have none
 
     def describe(self):
         return []  # unchecked collector: families depend on the data
@@ -53,6 +54,8 @@ class KvwatchCollector(Collector):
     def collect(self):
         fams = {f.name: _new(f) for f in FAMILIES}
         fams["kvwatch_build_info"].add_metric([__version__], 1)
+        if self._tasks is not None:
+            fams["kvwatch_asyncio_tasks"].add_metric([], self._tasks())
         for t in self._targets():
             _add_target(fams, t)
         yield from fams.values()
