@@ -103,7 +103,9 @@ def _sample(proc_pid: int, kv: str, started: float) -> dict:
     return {"t": time.monotonic() - started, "rss_kib": rss_kib(proc_pid)[0], "fds": open_fds(proc_pid), **m}
 
 
-def measure(minutes: float, hz: float, sample_s: float = 5.0, entry: tuple[str, ...] = ("-m", "kvwatch"), log=None) -> dict:
+def measure(
+    minutes: float, hz: float, sample_s: float = 5.0, entry: tuple[str, ...] = ("-m", "kvwatch"), log=None
+) -> dict:
     interval = 1.0 / hz
     seconds = minutes * 60.0
     samples: list[dict] = []
@@ -188,7 +190,10 @@ def table(r: dict) -> str:
         "| tenth of the run | lateness p50 ms | p99 ms | max ms |",
         "|---:|---:|---:|---:|",
     ]
-    lines += [f"| {i + 1} | {_f(q['p50_ms'])} | {_f(q['p99_ms'])} | {_f(q['max_ms'])} |" for i, q in enumerate(r["lateness_by_tenth"])]
+    lines += [
+        f"| {i + 1} | {_f(q['p50_ms'])} | {_f(q['p99_ms'])} | {_f(q['max_ms'])} |"
+        for i, q in enumerate(r["lateness_by_tenth"])
+    ]
     found = leaks(r)
     lines += ["", "leak check: " + ("; ".join(found) if found else "nothing grew")]
     return "\n".join(lines)

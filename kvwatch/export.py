@@ -22,11 +22,13 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from kvwatch import __version__
-from kvwatch.catalog import FAMILIES, Bottleneck, Confidence, Family, KvPressure
+from kvwatch.catalog import ENGINE, FAMILIES, Action, Bottleneck, Confidence, Family, KvPressure, ScrapeReason
 from kvwatch.diagnose import Diagnosis
+from kvwatch.normalize import MAX_LABEL_CHARS
 from kvwatch.state import Target
+from kvwatch.window import QUANTILES
 
-__all__ = ["KvwatchCollector"]
+__all__ = ["KvwatchCollector", "worst_case"]
 
 # Plain per-engine gauges: (family, how to read its value from Signals).
 _ENGINE_GAUGES = [(f, attrgetter(f.signal)) for f in FAMILIES if f.signal]
@@ -64,6 +66,7 @@ class KvwatchCollector(Collector):
 def _add_target(fams: dict[str, _Metric], t: Target) -> None:
     name = t.target
     fams["kvwatch_up"].add_metric([name], 1.0 if t.up else 0.0)
+    fams["kvwatch_folded_engines"].add_metric([name], t.folded_engines)
     if t.scrape_duration_seconds is not None:
         fams["kvwatch_scrape_duration_seconds"].add_metric([name], t.scrape_duration_seconds)
     for reason, n in t.errors.items():
@@ -106,3 +109,47 @@ def _add_engine(fams: dict[str, _Metric], labels: list[str], d: Diagnosis) -> No
         fams["kvwatch_diagnosis_confidence"].add_metric([*labels, c], 1.0 if d.confidence == c else 0.0)
     for r in d.recommendations:
         fams["kvwatch_recommendation"].add_metric([*labels, r.action], 1.0)
+
+
+# How many series a label beyond (target, model_name, engine) can take per engine or target (see _add_engine):
+# one limit value per engine whatever its source, LoRA running and waiting.
+_LABEL_VALUES = {
+    "quantile": len(QUANTILES),
+    "reason": len(ScrapeReason),
+    "bottleneck": len(Bottleneck),
+    "confidence": len(Confidence),
+    "action": len(Action),
+    "source": 1,
+}
+_STATE_VALUES = {"kvwatch_kv_cache_pressure": len(KvPressure), "kvwatch_lora_adapters": 2}
+VALUE_CHARS = 24  # the longest float repr: -1.2345678901234567e-308
+
+
+def _series_per_key(f: Family) -> int:
+    n = 1
+    for label in f.labels:
+        if label == "state":
+            n *= _STATE_VALUES[f.name]
+        elif label not in ("target", "model_name", "engine", "version"):
+            n *= _LABEL_VALUES[label]
+    return n
+
+
+def worst_case(targets: int, max_engines: int, target_chars: int) -> tuple[int, int]:
+    """(series, bytes) of kvwatch's own /metrics at most, in the text format: every family at its most series
+    for ``targets`` targets of ``max_engines`` + 1 engines each (the overflow one), every label value as long
+    as it can be and every character escaped (``\\``, twice as long). The README states it for the defaults
+    (docs/generate.py); tests/test_faults.py checks a /metrics that 10,000 engines with 1 MB labels produced."""
+    engines = targets * (max_engines + 1)
+    label_chars = 2 * MAX_LABEL_CHARS  # shortened, then escaped
+    series = size = 0
+    for f in FAMILIES:
+        keys = engines if f.labels[: len(ENGINE)] == ENGINE else targets if "target" in f.labels else 1
+        n = keys * _series_per_key(f)
+        line = len(f.sample_name) + 2 + VALUE_CHARS + 1  # name, braces, space, value, newline
+        for label in f.labels:
+            value = 2 * target_chars if label == "target" else label_chars
+            line += len(label) + 4 + value  # label="value",
+        series += n
+        size += n * line + len(f"# HELP {f.sample_name} {f.help}\n# TYPE {f.sample_name} {f.type}\n") + 64
+    return series, size

@@ -22,11 +22,17 @@ from pathlib import Path
 
 import httpx
 
-from kvwatch.redact import scrub, url_secrets
+from kvwatch.catalog import ScrapeReason
+from kvwatch.redact import redact_url, scrub, url_secrets
 
 __all__ = ["Fetcher", "ScrapeError", "REASONS"]
 
-REASONS = ("connect", "timeout", "http_status", "too_large", "decode", "parse", "no_vllm_metrics")
+REASONS = tuple(ScrapeReason)  # the catalogue's, with what each means
+# Enough of a redirect's Location to act on; a hostile one may be kilobytes long.
+MAX_LOCATION_CHARS = 200
+# The start of an HTML document (a login page, a proxy's error page) after optional whitespace: no metrics
+# exposition begins with "<" (a line is a comment, blank, or a metric name).
+_HTML_START = ("<!doctype html", "<html", "<head", "<body", "<?xml")
 
 
 class ScrapeError(Exception):
@@ -120,8 +126,7 @@ class Fetcher:
     async def _fetch(self, url: str) -> str:
         cap = self.cfg.max_body_bytes
         async with self._client(url).stream("GET", url, headers=self._headers()) as resp:
-            if resp.status_code != 200:
-                raise ScrapeError("http_status", f"HTTP {resp.status_code}")
+            _check_status(resp)
             encoding = resp.headers.get("content-encoding", "identity").lower().strip()
             if encoding not in ("identity", "gzip", ""):
                 raise ScrapeError("decode", f"unsupported Content-Encoding {encoding!r}")
@@ -155,6 +160,23 @@ class Fetcher:
             if inflater is not None and not inflater.eof:
                 raise ScrapeError("decode", "gzip stream ended early (truncated body)")
         try:
-            return b"".join(parts).decode("utf-8")
+            body = b"".join(parts).decode("utf-8")
         except UnicodeDecodeError as e:
             raise ScrapeError("decode", f"body is not UTF-8 (byte {e.start})") from None
+        if body[:200].lstrip().lower().startswith(_HTML_START):
+            raise ScrapeError("html", "HTTP 200 with an HTML page, not metrics (a login or proxy page?)")
+        return body
+
+
+def _check_status(resp: httpx.Response) -> None:
+    """A redirect is not followed (Prometheus' default too): it is named, with where it points (redacted,
+    shortened), so the operator can fix --target. A 200 declared text/html is a login or proxy page."""
+    if resp.is_redirect:
+        where = redact_url(resp.headers.get("location", ""))
+        if len(where) > MAX_LOCATION_CHARS:
+            where = where[:MAX_LOCATION_CHARS] + "..."
+        raise ScrapeError("redirect", f"HTTP {resp.status_code} to {where!r} (not followed)")
+    if resp.status_code != 200:
+        raise ScrapeError("http_status", f"HTTP {resp.status_code}")
+    if resp.headers.get("content-type", "").lower().startswith(("text/html", "application/xhtml")):
+        raise ScrapeError("html", "HTTP 200 with an HTML page (Content-Type text/html), not metrics (a login or proxy page?)")
