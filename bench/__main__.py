@@ -13,6 +13,7 @@ scaling (1x / 4x / 16x), memory (RSS of a real ``kvwatch run``), fanin (targets 
 
     python -m bench fuzz --cases N [--seed S]   # the parser under fuzzing (bench/fuzz.py), not a timed section
     python -m bench soak --minutes M --hz H     # RSS slope, fds, tasks and lateness over a long run (bench/soak.py)
+    python -m bench abuse [--seconds S]         # scrape lateness while kvwatch's port is abused (bench/abuse.py)
 """
 
 from __future__ import annotations
@@ -272,6 +273,10 @@ def main(argv=None) -> int:
         return fuzz_main(argv[1:])
     if argv[:1] == ["soak"]:
         return soak_main(argv[1:])
+    if argv[:1] == ["abuse"]:  # kvwatch's own port under hostile clients (bench/abuse.py)
+        from bench.abuse import main as abuse_main
+
+        return abuse_main(argv[1:])
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="tiny configuration (smoke test)")
     p.add_argument("--json", action="store_true", help="print JSON on stdout (the table on stderr)")

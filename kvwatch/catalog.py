@@ -341,7 +341,7 @@ FAMILIES: tuple[Family, ...] = (
         ("target",),
         "engines",
         "(model_name, engine) pairs beyond --max-engines folded into _overflow in the last good scrape.",
-        doc='`(model_name, engine)` pairs beyond `--max-engines` in the last good scrape, folded into one '
+        doc="`(model_name, engine)` pairs beyond `--max-engines` in the last good scrape, folded into one "
         '`model_name="_overflow"` engine; 0 normally',
     ),
     Family("kvwatch_build_info", "gauge", ("version",), "1", "kvwatch version."),

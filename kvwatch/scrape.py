@@ -37,9 +37,8 @@ _HTML_START = ("<!doctype html", "<html", "<head", "<body", "<?xml")
 
 class ScrapeError(Exception):
     def __init__(self, reason: str, detail: str):
-        assert reason in REASONS
+        self.reason = ScrapeReason(reason)  # a reason the catalogue does not list is a bug: ValueError
         super().__init__(f"{reason}: {detail}")
-        self.reason = reason
         self.detail = detail
 
 
@@ -179,4 +178,6 @@ def _check_status(resp: httpx.Response) -> None:
     if resp.status_code != 200:
         raise ScrapeError("http_status", f"HTTP {resp.status_code}")
     if resp.headers.get("content-type", "").lower().startswith(("text/html", "application/xhtml")):
-        raise ScrapeError("html", "HTTP 200 with an HTML page (Content-Type text/html), not metrics (a login or proxy page?)")
+        raise ScrapeError(
+            "html", "HTTP 200 with an HTML page (Content-Type text/html), not metrics (a login or proxy page?)"
+        )

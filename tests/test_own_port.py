@@ -134,7 +134,7 @@ async def test_connections_past_the_cap_get_503(upstream, monkeypatch):
         for w in held:
             w.close()
 
-        async def served():
+        async def served(port=port):
             return (await _exchange(port, HEAD, wait=2.0)).startswith(b"HTTP/1.1 200")
 
         await _until(served, what="a request served once the held connections closed")
