@@ -30,7 +30,7 @@ from kvwatch.scrape import FetchConfig, Fetcher, ScrapeError
 from kvwatch.state import NoVllmMetrics, Target
 from kvwatch.webconfig import WebConfigWatcher
 
-__all__ = ["Monitor", "make_app", "serve"]
+__all__ = ["LISTEN_BACKLOG", "Monitor", "make_app", "make_runner", "serve"]
 
 log = logging.getLogger("kvwatch")
 OFF_LOOP_BYTES = 256 * 1024  # parse bodies larger than this in a thread
@@ -240,7 +240,8 @@ class _CappedRunner(web.AppRunner):
         return protocol
 
 
-def _runner(app: web.Application) -> web.AppRunner:
+def make_runner(app: web.Application) -> web.AppRunner:
+    """The runner every kvwatch server uses (``serve``, ``kvwatch demo``): the port's limits above."""
     return _CappedRunner(
         app,
         access_log=None,
@@ -257,7 +258,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     before anything listens."""
     web_config = WebConfigWatcher(settings.web_config_file) if settings.web_config_file else None
     monitor = Monitor(settings)
-    runner = _runner(make_app(monitor, web_config))
+    runner = make_runner(make_app(monitor, web_config))
     await runner.setup()
     ssl_context = web_config.ssl_context if web_config else None
     site = web.TCPSite(
