@@ -32,6 +32,9 @@ REASONS = tuple(ScrapeReason)  # the catalogue's, with what each means
 MAX_LOCATION_CHARS = 200
 # The start of an HTML document (a login page, a proxy's error page) after optional whitespace: no metrics
 # exposition begins with "<" (a line is a comment, blank, or a metric name).
+# httpx builds the redirect's request even when it will not follow it (_client.py, _send_handling_redirects ->
+# _build_redirect_request), and raises this for a Location it cannot parse (a bad port, a URL over 64 KB).
+_BAD_LOCATION = "Invalid URL in location header"
 _HTML_START = ("<!doctype html", "<html", "<head", "<body", "<?xml")
 
 
@@ -118,6 +121,8 @@ class Fetcher:
             raise ScrapeError("timeout", f"no complete response within {self.cfg.timeout:g}s") from None
         except httpx.HTTPError as e:
             self._discard(url)  # a transport failure: nothing in this pool is worth keeping
+            if isinstance(e, httpx.RemoteProtocolError) and str(e).startswith(_BAD_LOCATION):
+                raise ScrapeError("redirect", "a redirect whose Location is not a valid URL (not followed)") from None
             # Exception text may carry the URL (never our headers): its credentials go.
             text = scrub(str(e), url_secrets(url))
             raise ScrapeError("connect", type(e).__name__ + (f": {text}" if text else "")) from None
@@ -171,7 +176,10 @@ def _check_status(resp: httpx.Response) -> None:
     """A redirect is not followed (Prometheus' default too): it is named, with where it points (redacted,
     shortened), so the operator can fix --target. A 200 declared text/html is a login or proxy page."""
     if resp.is_redirect:
-        where = redact_url(resp.headers.get("location", ""))
+        try:
+            where = redact_url(resp.headers.get("location", ""))
+        except ValueError:  # not a URL urlsplit reads (e.g. "http://[::1"): nothing safe to show
+            where = "an unparseable Location"
         if len(where) > MAX_LOCATION_CHARS:
             where = where[:MAX_LOCATION_CHARS] + "..."
         raise ScrapeError("redirect", f"HTTP {resp.status_code} to {where!r} (not followed)")

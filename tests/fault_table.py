@@ -56,6 +56,13 @@ UPSTREAM = [
 
 OTHER = [
     Fault(
+        "bad_location",
+        "a redirect to an unparseable or 100 KB Location, or none",
+        "a `redirect` error all the same, its message under 300 characters",
+        "redirect",
+        "tests/test_faults.py::test_a_hostile_redirect_location_is_a_redirect_error_kept_short",
+    ),
+    Fault(
         "down",
         "vLLM down (connection refused), then back",
         "series withdrawn after `--stale-after`, target `unreachable`; recovers",

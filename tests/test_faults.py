@@ -337,6 +337,15 @@ async def test_1mb_label_values_are_shortened_stably(monitor, upstream):
     assert max(len(str(m.diagnosis_json())), 0) < 100_000  # the JSON API carries the short form too
 
 
+@pytest.mark.parametrize("location", ["http://[::1", "/" + "x" * 100_000, ""])
+async def test_a_hostile_redirect_location_is_a_redirect_error_kept_short(monitor, upstream, location):
+    m, clock = monitor
+    upstream.mode, upstream.redirect_to = "redirect", location
+    await good_scrapes(m, clock, 1)
+    t = m.targets[upstream.url]
+    assert t.errors["redirect"] == 1 and len(t.last_error) < 300, t.last_error
+
+
 def test_the_fault_table_names_real_tests_and_covers_every_reason():
     for f in ALL:
         path, _, name = f.test.partition("::")
