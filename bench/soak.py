@@ -11,8 +11,8 @@ own process (``python -m kvwatch run --interval 1/hz``). Every ``sample_s`` seco
 - RSS slope (MiB/h, least squares) over the second half: the first half holds the start-up and the status
   page's history filling (``--history`` 900 s, allocated once, but first touched as it fills);
 - fds and tasks: their range over the second half (flat = a range of a few: requests in flight);
-- lateness: each scrape's arrival minus kvwatch's schedule (anchor + k x interval, anchor the least-late
-  scrape; as bench/fanin.py), p50 / p99 / max, per tenth of the run, and ticks without a scrape.
+- lateness: each scrape's arrival minus kvwatch's schedule (anchor + k x interval; ``lateness`` says how the
+  anchor is found), p50 / p99 / max, per tenth of the run, and ticks without a scrape.
 
 ``leaks(result)`` names what grew; tests/test_soak.py runs a minute of this and proves it bites on a kvwatch
 patched to leak one task per scrape.
@@ -77,18 +77,24 @@ def own_metrics(kv_url: str) -> dict[str, float]:
     return out
 
 
-def lateness(arrivals: list[float], interval: float) -> tuple[list[float], int]:
-    """(lateness of each scrape in s, ticks without a scrape). kvwatch ticks at start + k x interval and skips
-    a missed tick; k is taken as the tick at or before the arrival (a quarter interval of slack for the first
-    arrival's own lateness), the anchor as the least-late scrape."""
+def lateness(arrivals: list[float], interval: float, bins: int = 1000) -> tuple[list[float], int]:
+    """(lateness of each scrape in s, ticks without a scrape). kvwatch ticks at anchor + k x interval and skips a
+    missed tick, so a scrape's lateness is its arrival's phase past the anchor, in [0, interval): one later than
+    an interval shows as a missed tick. The anchor is the phase (to interval / ``bins``) that minimises the mean
+    lateness: the leading edge of the on-time mass. (The least-late scrape is no anchor here: a scrape late by
+    most of an interval looks early for the next tick, and would shift every lateness by the rest.)"""
     if not arrivals:
         return [], 0
     t0 = arrivals[0]
-    ks = [math.floor((t - t0) / interval + 0.25) for t in arrivals]
-    offsets = [t - k * interval for t, k in zip(arrivals, ks)]
-    anchor = min(offsets)
+    counts = [0] * bins
+    for t in arrivals:
+        counts[int((t - t0) % interval / interval * bins) % bins] += 1
+    used = [(b, c) for b, c in enumerate(counts) if c]
+    anchor_bin = min(used, key=lambda bc: sum(c * ((b - bc[0]) % bins) for b, c in used))[0]
+    anchor = t0 + anchor_bin * interval / bins
+    ks = [math.floor((t - anchor) / interval) for t in arrivals]
     missed = sum(max(0, b - a - 1) for a, b in zip(ks, ks[1:]))
-    return [o - anchor for o in offsets], missed
+    return [t - anchor - k * interval for t, k in zip(arrivals, ks)], missed
 
 
 def quantiles_ms(xs: list[float]) -> dict[str, float | None]:
