@@ -30,11 +30,11 @@ __all__ = ["Fetcher", "ScrapeError", "REASONS"]
 REASONS = tuple(ScrapeReason)  # the catalogue's, with what each means
 # Enough of a redirect's Location to act on; a hostile one may be kilobytes long.
 MAX_LOCATION_CHARS = 200
-# The start of an HTML document (a login page, a proxy's error page) after optional whitespace: no metrics
-# exposition begins with "<" (a line is a comment, blank, or a metric name).
 # httpx builds the redirect's request even when it will not follow it (_client.py, _send_handling_redirects ->
 # _build_redirect_request), and raises this for a Location it cannot parse (a bad port, a URL over 64 KB).
 _BAD_LOCATION = "Invalid URL in location header"
+# The start of an HTML document (a login page, a proxy's error page) after optional whitespace: no metrics
+# exposition begins with "<" (a line is a comment, blank, or a metric name).
 _HTML_START = ("<!doctype html", "<html", "<head", "<body", "<?xml")
 
 
