@@ -23,7 +23,7 @@ import yaml
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from kvwatch.catalog import Action, Bottleneck, Confidence, Thresholds  # noqa: E402
+from kvwatch.catalog import CAPACITY_LIMITS, FLAG_LIMITS, Action, Bottleneck, Confidence, Thresholds  # noqa: E402
 
 SOURCES = ("kvwatch-rules.yaml", "kvwatch-alerts.yaml")  # recording rules first: alerts read them
 OUTPUT = HERE / "prometheusrule.yaml"
@@ -95,7 +95,19 @@ def vocabulary_problems() -> list[str]:
     stall = f"{Thresholds().admission_stall:.2f}"
     if f">= bool {stall}" not in text:
         problems.append(f"the fleet rules do not use the default admission-stall threshold {stall}")
-    return problems + page_problems()
+    return problems + autoscaling_problems(text) + page_problems()
+
+
+def autoscaling_problems(text: str) -> list[str]:
+    """The capacity limits the rules name are the catalogue's, every flag limit has its flag-raised rule, and
+    the flag-gain margin is the one kvwatch's raise_max_num_seqs advice uses."""
+    named = set(re.findall(r'limit!?="([a-z_]+)"', text)) | set(re.findall(r"limit: ([a-z_]+)\}", text))
+    problems = [f"unknown capacity limit {n!r}" for n in sorted(named - set(CAPACITY_LIMITS))]
+    problems += [f"no flag-raised rule for {f}" for f in FLAG_LIMITS if f"labels: {{limit: {f}}}" not in text]
+    margin = f"{Thresholds().raise_seqs_margin:g}"
+    if f"record: kvwatch:autoscaling_flag_gain_min:ratio\n        expr: vector({margin})" not in text:
+        problems.append(f"kvwatch:autoscaling_flag_gain_min:ratio is not the raise_seqs_margin {margin}")
+    return problems
 
 
 def render() -> str:

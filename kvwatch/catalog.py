@@ -15,9 +15,11 @@ from enum import StrEnum
 __all__ = [
     "Action",
     "Bottleneck",
+    "CAPACITY_LIMITS",
     "Confidence",
     "Family",
     "FAMILIES",
+    "FLAG_LIMITS",
     "KvPressure",
     "ScrapeReason",
     "Source",
@@ -266,6 +268,11 @@ class Thresholds:
     prefill_min_spans: int = 2
     # A single request caught between arrival and admission is not a queue.
     brief_queue_requests: float = 2.0
+    # Nor, at GPU scale, a queue this small a share of Running when no rule above names a limit: ~60 running at
+    # 20 requests/s catch 1-2 arrivals between steps in most samples (the gpu_healthy preset's log read
+    # token_budget and "no limit identified" on them). Transient waiting is ~step time / request time of
+    # Running (~0.5 %): this is ten times that.
+    small_queue_share: float = 0.05
     # Steps carrying at least this share of --max-num-batched-tokens are full: chunked prefill fills the
     # budget minus the decodes' tokens (token_budget capture: ~250 of 256).
     full_step_budget_share: float = 0.75
@@ -312,6 +319,11 @@ class Family:
 
 
 ENGINE = ("target", "model_name", "engine")
+# The limits kvwatch_capacity_sequences reports (its `limit` label), in kvwatch.capacity.
+# max_loras: add it here with its capacity once the catalogue has that bottleneck (branch newlimits).
+CAPACITY_LIMITS = (Bottleneck.KV_CACHE, Bottleneck.MAX_NUM_SEQS, Bottleneck.TOKEN_BUDGET)
+# Limits a flag lifts for free (no GPU): what KvwatchScaleOutNotNeeded looks for. max_loras: add here too.
+FLAG_LIMITS = (Bottleneck.MAX_NUM_SEQS,)
 
 
 def _engine(name: str, unit: str, help_: str, signal: str, doc: str | None = None) -> Family:
@@ -523,6 +535,32 @@ FAMILIES: tuple[Family, ...] = (
         "state set",
         "Which limit binds the engine (state set: exactly one is 1).",
         doc=f"exactly one of {_states(Bottleneck)} is 1",
+    ),
+    Family(
+        "kvwatch_capacity_sequences",
+        "gauge",
+        (*ENGINE, "limit"),
+        "sequences",
+        "Sequences the engine holds at the observed lengths, per limit (kv_cache, max_num_seqs, token_budget).",
+        doc=f"sequences each limit ({_states(CAPACITY_LIMITS)}) lets the engine hold at the observed lengths "
+        "(see Autoscaling); a limit whose inputs are unknown is absent",
+    ),
+    Family(
+        "kvwatch_capacity_sequences_effective",
+        "gauge",
+        ENGINE,
+        "sequences",
+        "The smallest of kvwatch_capacity_sequences: what the engine holds now.",
+        doc="the smallest `kvwatch_capacity_sequences`; the diagnosis' `capacity.binding_limit` names that limit",
+    ),
+    Family(
+        "kvwatch_demand_sequences",
+        "gauge",
+        ENGINE,
+        "sequences",
+        "Sequences that want a slot: Running + Waiting (+ Swapped), means over the window.",
+        doc="Running + Waiting (every reason) + Swapped, means over the window; requests refused before the "
+        "engine are not counted",
     ),
     Family(
         "kvwatch_recommendation",

@@ -30,6 +30,7 @@ import string
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from kvwatch.capacity import capacity_sequences, demand_sequences, effective_capacity
 from kvwatch.catalog import Action, Bottleneck, Confidence, KvPressure, Source, Thresholds, most_severe
 from kvwatch.window import Signals, StreakPoint
 
@@ -90,6 +91,14 @@ class Diagnosis:
     max_num_batched_tokens: tuple[int, str] | None = None
     confidence: Confidence = Confidence.HIGH
     confidence_reason: str = ""
+    # Sequences each known limit holds at the observed lengths, the binding one, and the demand (kvwatch.capacity)
+    capacity_sequences: dict[Bottleneck, float] = field(default_factory=dict)
+    capacity_limit: Bottleneck | None = None
+    demand_sequences: float | None = None
+
+    @property
+    def capacity_sequences_effective(self) -> float | None:
+        return None if self.capacity_limit is None else self.capacity_sequences[self.capacity_limit]
 
     def as_dict(self) -> dict:
         def limit(v: tuple[int, str] | None) -> dict | None:
@@ -106,8 +115,18 @@ class Diagnosis:
             "kv_cache_pressure": self.kv_pressure,
             "max_num_seqs": limit(self.max_num_seqs),
             "max_num_batched_tokens": limit(self.max_num_batched_tokens),
+            "capacity": {
+                "sequences": {b: round(v, 4) for b, v in self.capacity_sequences.items()},
+                "binding_limit": self.capacity_limit,
+                "effective_sequences": _round(self.capacity_sequences_effective),
+                "demand_sequences": _round(self.demand_sequences),
+            },
             "signals": self.signals.as_dict(),
         }
+
+
+def _round(v: float | None) -> float | None:
+    return None if v is None else round(v, 4)
 
 
 def kv_pressure(usage: float | None, th: Thresholds) -> KvPressure:
@@ -163,6 +182,8 @@ SENTENCES: dict[str, str] = {
         "over the last {samples} samples with a queue"
     ),
     "brief_wait": "{waiting!n} request waiting briefly; no limit binding",
+    "small_queue": "{waiting!n} waiting with {running!n} running, under {share:.0%} of Running: arrivals between steps "
+    "at this scale, no limit binding",
     "queue_just_formed": "{waiting!n} waiting with {running!n} running: a queue has just formed, no limit named yet",
     "no_step_ended": (
         "{waiting!n} waiting with {running!n} running and no engine step finished in the last {span:.0f} s "
@@ -202,6 +223,10 @@ SENTENCES: dict[str, str] = {
     "no_limit": "{waiting!n} waiting with {running!n} running: requests wait, no limit identified",
     "ruled_out": "not seen: {what}",
     "unseen": "kvwatch could not see {what}",
+    "kv_offload": (
+        "CPU KV offload: up to {max!p} of the CPU tier pinned by in-flight transfers over the window ({now!p} now); "
+        "{meaning}"
+    ),
     "confidence": "confidence {level}: {reason}",
 }
 _FMT = _Formatter()
@@ -294,7 +319,10 @@ def _kv_signs(s: Signals, th: Thresholds) -> tuple[list[Fact], Confidence, str]:
     """The signs that KV binds, how sure they make it, and why."""
     kv, cap, prompt = s.kv.recent_max, s.capacity.capacity_tokens, s.capacity.mean_prompt_tokens
     signs: list[Fact] = []
-    if s.throughput.preemptions_per_second:  # V1 preempts only when a running request needs a block
+    t = s.throughput
+    # V1 preempts only when a running request needs a block; once the preemptions are all older than the
+    # recent samples they say what KV did, not what it does (None: a log's own interval, recent by nature)
+    if t.preemptions_per_second and t.preemptions_recent_per_second != 0:
         signs.append(("preempting", {"rate": s.throughput.preemptions_per_second}))
     if kv is not None and kv >= th.admission_stall:
         signs.append(("kv_high", {"kv": kv, "threshold": th.admission_stall}))
@@ -512,6 +540,18 @@ def prefill_paced(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
     return Verdict(Bottleneck.TOKEN_BUDGET, facts, recs, confidence=MEDIUM, reason=reason)
 
 
+def small_queue(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
+    """A queue under ``small_queue_share`` of Running that no rule above explains: at GPU scale the arrivals
+    between two steps; naming a limit on it would be by elimination."""
+    waiting, running = _waiting(s), _running(s)
+    if not running or waiting >= th.small_queue_share * running:
+        return None
+    fact = ("small_queue", {"waiting": waiting, "running": running, "share": th.small_queue_share})
+    return Verdict(
+        Bottleneck.NONE, [fact], confidence=MEDIUM, reason="a queue small for the batch: arrivals between steps"
+    )
+
+
 def admission_in_progress(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
     """Running rises while Waiting falls, and nothing above paces it: requests are on their way in."""
     admitting = _admitting(s, th)
@@ -557,6 +597,7 @@ RULES: tuple[Rule, ...] = (
     no_step_ended,
     steps_nearly_full,
     running_plateau,
+    small_queue,
     prefill_paced,
     admission_in_progress,
     no_limit_identified,
@@ -565,7 +606,11 @@ RULES: tuple[Rule, ...] = (
 
 def diagnose_engine(s: Signals, hints: Hints = Hints(), th: Thresholds = Thresholds()) -> Diagnosis:
     verdict = next(v for v in (rule(s, hints, th) for rule in RULES) if v is not None)
-    facts = [*verdict.facts, ("confidence", {"level": verdict.confidence, "reason": verdict.reason})]
+    facts = [
+        *verdict.facts,
+        *_offload_facts(s),
+        ("confidence", {"level": verdict.confidence, "reason": verdict.reason}),
+    ]
     d = Diagnosis(s.model_name, s.engine, verdict.bottleneck, s, evidence(facts), verdict.recommendations)
     d.confidence, d.confidence_reason = verdict.confidence, verdict.reason
     d.kv_pressure = kv_pressure(s.kv.recent_max, th)
@@ -575,7 +620,34 @@ def diagnose_engine(s: Signals, hints: Hints = Hints(), th: Thresholds = Thresho
         d.max_num_batched_tokens = (hints.max_num_batched_tokens, Source.CONFIGURED)
     d.max_num_seqs = verdict.max_num_seqs or d.max_num_seqs
     d.max_num_batched_tokens = verdict.max_num_batched_tokens or d.max_num_batched_tokens
+    _add_capacity(d)
     return d
+
+
+def _offload_facts(s: Signals) -> list[Fact]:
+    """CPU KV offload, reported whenever vLLM exports it: it names no limit (our rules read GPU KV). The gauge is
+    the CPU tier's share pinned by transfers (vllm/v1/kv_offload/cpu: "sustained high values indicate transfers
+    ... may be dropped"), so a full share means offload saturated, not a full CPU cache."""
+    k = s.kv
+    if k.offload_pinned_max is None:
+        return []
+    saturated = k.offload_pinned_max >= 1.0  # vLLM's own scale: "0.0 = idle, 1.0 = saturated" (not a threshold)
+    meaning = (
+        "offload saturated: stores or promotions may be dropped, so fewer prefixes come back from CPU"
+        if saturated
+        else "not how full the CPU tier is"
+    )
+    return [("kv_offload", {"max": k.offload_pinned_max, "now": k.offload_pinned_ratio or 0.0, "meaning": meaning})]
+
+
+def _add_capacity(d: Diagnosis) -> None:
+    """Capacity per limit at the ceilings just settled (configured or inferred), and the demand."""
+    seqs = d.max_num_seqs[0] if d.max_num_seqs else None
+    budget = d.max_num_batched_tokens[0] if d.max_num_batched_tokens else None
+    d.capacity_sequences = capacity_sequences(d.signals, seqs, budget)
+    binding = effective_capacity(d.capacity_sequences)
+    d.capacity_limit = binding[0] if binding else None
+    d.demand_sequences = demand_sequences(d.signals)
 
 
 # ------------------------------------------------------------------------------------------- patterns
@@ -591,8 +663,8 @@ class _Plateau:
 
 def _plateau(s: Signals, th: Thresholds) -> _Plateau | None:
     """Running at its window maximum (within ``plateau_tolerance``) in at least ``plateau_share`` of the latest
-    ``plateau_samples`` samples, every one with a queue, neither rising nor falling over them, and prefill
-    completed between the first and the last (slots turned over)."""
+    ``plateau_samples`` samples, every one with a queue, neither rising nor falling over them, prefill
+    completed between the first and the last (slots turned over), and tokens still generated at the end."""
     n, peak = max(2, th.plateau_samples), s.queue.running_max_waiting
     pts = s.queue.streak[-n:]
     if len(pts) < n or not peak:
@@ -602,6 +674,11 @@ def _plateau(s: Signals, th: Thresholds) -> _Plateau | None:
         return None
     a, b = pts[0].prompt_tokens, pts[-1].prompt_tokens
     if a is None or b is None or b <= a:  # nothing admitted: one long request, not a ceiling shown
+        return None
+    g, h = pts[-2].generation_tokens, pts[-1].generation_tokens
+    if g is not None and h is not None and h <= g:
+        # No token since the previous sample: an engine that stopped stepping holds Running flat too (the
+        # gpu_stalled preset read as an inferred ceiling for the seconds before the stall rule could tell).
         return None
     return _Plateau(peak, at_max, n, pts[-1].t - pts[0].t)
 
@@ -686,7 +763,10 @@ def _sequence_room(s: Signals, hints: Hints, th: Thresholds) -> Fact | None:
     at_max = _at_max(s.queue.streak[-n:], peak, th)
     if at_max <= th.unpinned_share * n + 1e-9:
         return ("room_not_pinned", {"peak": peak, "at_max": at_max, "samples": n})
-    if _plateau(s, th) is None or not _prefill_fills_steps(s, hints, th):
+    # Running flat (a plateau) or dipping below it: either way, steps that prefill fills are the limit, and a
+    # larger max_num_seqs would admit nothing faster (gpu_token_budget's log: Running 31-41 with 40-285 waiting,
+    # prompt throughput steady at ~11,600 tokens/s, two records a window).
+    if not _prefill_fills_steps(s, hints, th):
         return None
     t = s.throughput
     numbers = {"prompt": t.prompt_tokens_per_second, "gen": t.generation_tokens_per_second}

@@ -103,12 +103,22 @@ def _add_engine(fams: dict[str, _Metric], labels: list[str], d: Diagnosis) -> No
     if s.capacity.lora_running is not None:
         fams["kvwatch_lora_adapters"].add_metric([*labels, "running"], s.capacity.lora_running)
         fams["kvwatch_lora_adapters"].add_metric([*labels, "waiting"], s.capacity.lora_waiting or 0)
+    _add_capacity(fams, labels, d)
     for b in Bottleneck:
         fams["kvwatch_bottleneck"].add_metric([*labels, b], 1.0 if d.bottleneck == b else 0.0)
     for c in Confidence:
         fams["kvwatch_diagnosis_confidence"].add_metric([*labels, c], 1.0 if d.confidence == c else 0.0)
     for r in d.recommendations:
         fams["kvwatch_recommendation"].add_metric([*labels, r.action], 1.0)
+
+
+def _add_capacity(fams: dict[str, _Metric], labels: list[str], d: Diagnosis) -> None:
+    for limit, v in d.capacity_sequences.items():
+        fams["kvwatch_capacity_sequences"].add_metric([*labels, limit], v)
+    if d.capacity_sequences_effective is not None:
+        fams["kvwatch_capacity_sequences_effective"].add_metric(labels, d.capacity_sequences_effective)
+    if d.demand_sequences is not None:
+        fams["kvwatch_demand_sequences"].add_metric(labels, d.demand_sequences)
 
 
 # How many series a label beyond (target, model_name, engine) can take per engine or target (see _add_engine):
@@ -120,6 +130,7 @@ _LABEL_VALUES = {
     "confidence": len(Confidence),
     "action": len(Action),
     "source": 1,
+    "limit": 3,  # kvwatch_capacity_sequences: kv_cache, max_num_seqs, token_budget (kvwatch/capacity.py)
 }
 _STATE_VALUES = {"kvwatch_kv_cache_pressure": len(KvPressure), "kvwatch_lora_adapters": 2}
 VALUE_CHARS = 24  # the longest float repr: -1.2345678901234567e-308

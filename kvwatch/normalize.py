@@ -9,6 +9,14 @@ Names by release (from vLLM's ``vllm/engine/metrics.py`` for V0 and ``vllm/v1/me
 - V1 0.12+ (0.32 in tests/fixtures): ``kv_cache_usage_perc``, ``prefix_cache_{queries,hits}_total``,
   ``prompt_tokens_by_source_total{source}``, ``inter_token_latency_seconds``,
   ``num_requests_waiting_by_reason{reason}``; ``cache_config_info`` per engine without ``model_name``.
+- V1 0.33 (``vllm/v1/metrics/loggers.py`` at 00ec631b; tests/fixtures/vllm-0.33, written from it): the 0.32
+  names; ``num_requests_waiting`` is ``num_waiting_reqs + num_skipped_waiting_reqs``, the deferred included
+  (``record()``), so ``requests_waiting`` is the whole queue and ``requests_waiting_deferred`` the part held by
+  transient constraints; histogram edges come from ``custom_histogram_buckets`` (every ``le`` is read from the
+  body, none is assumed). Raw fields for the families newer than our rules (``engine_sleep_state``,
+  ``num_requests_kv_fetch_by_stage``, ``admission_rejections``, CPU KV offload) are read by ``_read_033``.
+- vLLM's Rust frontend (``VLLM_USE_RUST_FRONTEND=1``) serves the same families as OpenMetrics 1.0; the parser
+  gives them the same family names, so nothing here depends on the format.
 - Ray Serve deployments prefix everything with ``ray_vllm:``.
 Unknown families are ignored.
 """
@@ -70,9 +78,22 @@ WAITING_BY_REASON = "vllm:num_requests_waiting_by_reason"
 CACHE_CONFIG = "vllm:cache_config_info"
 LORA_INFO = "vllm:lora_requests_info"
 
+# 0.33 (loggers.py at 00ec631b unless said): raw fields only; the rules that read them live elsewhere.
+SLEEP_STATE = "vllm:engine_sleep_state"  # {sleep_state="awake"|"weights_offloaded"|"discard_all"} 1 or 0
+KV_FETCH_BY_STAGE = "vllm:num_requests_kv_fetch_by_stage"  # {stage}: KV_FETCH_STAGES; only on a KV consumer
+# {reason="max_num_queued_reqs"|"max_num_queued_tokens"}, model_name only (no engine label): the API server's
+# count (vLLM PR #55812; not in loggers.py; its labels as the real 0.32 capture in tests/fixtures shows them).
+ADMISSION_REJECTIONS = "vllm:admission_rejections"
+# CPU KV offload (vllm/v1/kv_offload/cpu/common.py CPUOffloadingMetrics; gauge and counter as the CPU spec's
+# build_metric_definitions declares them). The gauge is the share of the CPU tier *pinned by in-flight
+# transfers* ("sustained high values indicate transfers ... may be dropped"), not how full the tier is.
+KV_OFFLOAD_PINNED = "vllm:kv_offload_cpu_cache_usage_perc"
+KV_OFFLOAD_STORES_SKIPPED = "vllm:kv_offload_stores_skipped"  # only with store_threshold >= 2
+V033_FAMILIES = (SLEEP_STATE, KV_FETCH_BY_STAGE, ADMISSION_REJECTIONS, KV_OFFLOAD_PINNED, KV_OFFLOAD_STORES_SKIPPED)
+
 KEEP_FAMILIES: frozenset[str] = frozenset(
     [n for names in (*GAUGES.values(), *COUNTERS.values(), *HISTOGRAMS.values()) for n in names]
-    + [PROMPT_BY_SOURCE, WAITING_BY_REASON, CACHE_CONFIG, LORA_INFO]
+    + [PROMPT_BY_SOURCE, WAITING_BY_REASON, CACHE_CONFIG, LORA_INFO, *V033_FAMILIES]
 )
 _RAY = "ray_vllm:"
 
@@ -205,6 +226,7 @@ def normalize(families: dict[str, Family], max_engines: int = 64) -> dict[tuple[
         return out  # no vLLM series: config and info families alone make no engine
     _apply_cache_config(fams.get(CACHE_CONFIG), out)
     _apply_lora_info(fams.get(LORA_INFO), out)
+    _read_033(fams, snap, out)
     return out
 
 
@@ -376,3 +398,57 @@ def _apply_lora_info(fam: Family | None, out: dict[tuple[str, str], EngineSnapsh
             s.lora_running = _adapters(smp.labels.get("running_lora_adapters"))
             s.lora_waiting = _adapters(smp.labels.get("waiting_lora_adapters"))
             s.max_lora = _num(smp.labels.get("max_lora"), int)
+
+
+# ------------------------------------------------------------------------- 0.33 families, as raw fields
+# Kept apart from the readers above: these name no limit (the rules that read them belong to diagnose).
+
+
+def _read_033(fams: dict[str, Family], snap, out: dict[tuple[str, str], EngineSnapshot]) -> None:
+    """Raw 0.33 fields (read after the engines exist: none of these families alone makes an engine)."""
+    states = ("awake", "weights_offloaded", "discard_all")
+    _read_labelled_gauge(fams.get(SLEEP_STATE), "sleep_state", "engine_", states, snap, fold_max=True)
+    _read_labelled_gauge(fams.get(KV_FETCH_BY_STAGE), "stage", "requests_kv_fetch_", None, snap, fold_max=False)
+    _read_kv_offload(fams, snap)
+    _apply_admission_rejections(fams.get(ADMISSION_REJECTIONS), out)
+
+
+def _read_labelled_gauge(fam: Family | None, label: str, prefix: str, values, snap, fold_max: bool) -> None:
+    """``prefix + <label value>`` per engine: a state flag (folded by max) or a count (added)."""
+    if fam is None:
+        return
+    for smp in fam.samples:
+        value = smp.labels.get(label, "")
+        if not value.isidentifier() or (values is not None and value not in values) or not math.isfinite(smp.value):
+            continue
+        key, g = prefix + value, snap(smp.labels).gauges
+        g[key] = max(g.get(key, smp.value), smp.value) if fold_max else g.get(key, 0.0) + smp.value
+
+
+def _read_kv_offload(fams: dict[str, Family], snap) -> None:
+    """CPU KV offload: the pinned share (max over folded series: a ratio) and the stores skipped (a counter)."""
+    pinned, skipped = fams.get(KV_OFFLOAD_PINNED), fams.get(KV_OFFLOAD_STORES_SKIPPED)
+    for smp in pinned.samples if pinned is not None else ():
+        if math.isfinite(smp.value):
+            g = snap(smp.labels).gauges
+            g["kv_offload_pinned_ratio"] = max(g.get("kv_offload_pinned_ratio", 0.0), smp.value)
+    for smp in skipped.samples if skipped is not None else ():
+        if smp.name.endswith("_total") and math.isfinite(smp.value):
+            c = snap(smp.labels).counters
+            c["kv_offload_stores_skipped"] = c.get("kv_offload_stores_skipped", 0.0) + smp.value
+
+
+def _apply_admission_rejections(fam: Family | None, out: dict[tuple[str, str], EngineSnapshot]) -> None:
+    """``admission_rejections_<reason>``: the model's count (the API server's, no engine label), set on each of
+    its engines as it is, never split or summed over them (sum it over engines and it counts N times)."""
+    if fam is None:
+        return
+    totals: dict[tuple[str | None, str], float] = {}
+    for smp in fam.samples:
+        reason = smp.labels.get("reason", "")
+        if smp.name.endswith("_total") and reason.isidentifier() and math.isfinite(smp.value):
+            key = (smp.labels.get("model_name"), reason)
+            totals[key] = totals.get(key, 0.0) + smp.value
+    for (model, reason), value in totals.items():
+        for s in _in_scope(out, model, None):
+            s.counters["admission_rejections_" + reason] = value

@@ -9,8 +9,13 @@ GIL is released between slices, so a worker-thread parse does not stall the even
 family's block is read by one ``findall`` when every line of it is a well-formed sample; any other
 line takes the general line-by-line path, which decides membership and reports errors.
 
+OpenMetrics 1.0 (vLLM's Rust frontend serves only that) is read by the same walk: a counter's ``# TYPE`` names
+the family without ``_total`` (as prometheus_client names it anyway), ``# UNIT`` is a comment, and ``# EOF``
+ends the body (``tests/test_v033.py`` proves the parse equal to prometheus_client's OpenMetrics parser).
+
 Strictness:
-- the body must end with a newline: a body truncated mid-line is an error, not a smaller number;
+- the body must end with a newline (or, OpenMetrics, with ``# EOF``): a body truncated mid-line is an error,
+  not a smaller number; nothing may follow ``# EOF``;
 - every kept sample line must parse completely (name, labels, float value, optional timestamp);
 - a ``# TYPE`` line must name a known type.
 Lines of skipped families are not validated beyond that (they are never read).
@@ -271,6 +276,18 @@ def _lineno(body: str, pos: int) -> int:
     return body.count("\n", 0, pos) + 1
 
 
+# OpenMetrics 1.0 ends every exposition with this line; vLLM's Rust frontend (VLLM_USE_RUST_FRONTEND=1) sends
+# OpenMetrics whatever the Accept header says (gpustack/gpustack#6215). To the text format it is a comment.
+_EOF = "# EOF"
+
+
+def _check_eof(body: str, after: int, start: int) -> None:
+    """Nothing but blank lines may follow ``# EOF`` (OpenMetrics: it is the last line): a body that goes on is
+    two bodies run together or a proxy's mistake, and its tail must not be read as part of this scrape."""
+    if body[after:].strip():
+        raise ParseError(_lineno(body, start), "data after '# EOF' (OpenMetrics ends there)")
+
+
 # Exempt from the 60-line limit (tests/test_code_shape.py), for speed: this loop runs once per line
 # of bodies of 100k+ series, and as one function its state (pos, current, kept, the bound matchers)
 # stays in fast locals, with no call per line. Before changing it, run `python -m bench --only cycle`
@@ -286,7 +303,9 @@ def parse(body: str, keep: Callable[[str], bool] | None = None) -> dict[str, Fam
     by one regular-expression match, and a well-formed sample line is read by one match.
     """
     if body and not body.endswith("\n"):
-        raise ParseError(body.count("\n") + 1, "body does not end with a newline (truncated?)")
+        if not (body == _EOF or body.endswith("\n" + _EOF)):  # OpenMetrics: the LF after "# EOF" is optional
+            raise ParseError(body.count("\n") + 1, "body does not end with a newline (truncated?)")
+        body += "\n"
     families: dict[str, Family] = {}
     current: Family | None = None
     kept = True  # current is one of ``families`` (not a skipped family's stand-in)
@@ -311,6 +330,9 @@ def parse(body: str, keep: Callable[[str], bool] | None = None) -> dict[str, Fam
             nl = body.index("\n", pos)
             line = body[pos:nl]
             start, pos = pos, nl + 1
+            if line == _EOF:
+                _check_eof(body, pos, start)
+                break
             parts = _BLANKS.split(line.strip(), 3)
             if len(parts) < 3 or parts[1] not in ("HELP", "TYPE") or parts[0] != "#":
                 if parts[1:] == ["TYPE"] and parts[0] == "#":

@@ -44,6 +44,7 @@ __all__ = [
     "WhatIf",
     "as_dict",
     "binding_limit",
+    "budget_sequences",
     "capacity",
     "estimate_parameters",
     "kv_bytes_per_token",
@@ -552,8 +553,14 @@ def _limits(model: Model, blocks: int, d: Deployment, max_len: int) -> tuple[flo
         limits[Bottleneck.MAX_NUM_SEQS] = float(d.max_num_seqs)
     if d.max_num_batched_tokens is not None and d.prompt_tokens is not None and d.output_tokens is not None:
         computed = d.prompt_tokens - int(d.prompt_tokens * d.prefix_share) // d.block_size * d.block_size
-        limits[Bottleneck.TOKEN_BUDGET] = d.max_num_batched_tokens * d.output_tokens / (computed + d.output_tokens)
+        limits[Bottleneck.TOKEN_BUDGET] = budget_sequences(d.max_num_batched_tokens, computed, d.output_tokens)
     return at_workload, limits
+
+
+def budget_sequences(budget: float, computed_prompt_tokens: float, output_tokens: float) -> float:
+    """Sequences a per-step token budget keeps in flight: each costs its computed prompt plus one token per
+    output step over ~output steps, so budget x output / (prompt + output) keep every step full."""
+    return budget * output_tokens / (computed_prompt_tokens + output_tokens)
 
 
 def capacity(model: Model, d: Deployment) -> Capacity:

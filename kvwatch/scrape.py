@@ -27,6 +27,9 @@ from kvwatch.redact import redact_url, scrub, url_secrets
 
 __all__ = ["Fetcher", "ScrapeError", "REASONS"]
 
+# The content type of OpenMetrics 1.0, as vLLM's Rust frontend sends it: "application/openmetrics-text;
+# version=1.0.0; charset=utf-8" (gpustack/gpustack#6215; not found in vLLM's Python source).
+OPENMETRICS = "application/openmetrics-text"
 REASONS = tuple(ScrapeReason)  # the catalogue's, with what each means
 # Enough of a redirect's Location to act on; a hostile one may be kilobytes long.
 MAX_LOCATION_CHARS = 200
@@ -60,9 +63,10 @@ class Fetcher:
         self.cfg = cfg
         self.headers = {
             "User-Agent": user_agent,
-            # We decompress ourselves, capped; say what we accept explicitly.
+            # We decompress ourselves, capped; say what we accept explicitly. (vLLM's Rust frontend answers
+            # OpenMetrics whatever we ask, gpustack/gpustack#6215; the parser reads both.)
             "Accept-Encoding": "gzip",
-            "Accept": "text/plain;version=0.0.4;q=1,*/*;q=0.1",
+            "Accept": "text/plain;version=0.0.4;q=1,application/openmetrics-text;version=1.0.0;q=0.5,*/*;q=0.1",
         }
         # Built once: loading the CA bundle per client would cost ~20 ms each.
         self._ssl = httpx.create_ssl_context(verify=cfg.tls_verify)
@@ -163,10 +167,14 @@ class Fetcher:
                     raise ScrapeError("too_large", f"body exceeds the {cap}-byte cap")
             if inflater is not None and not inflater.eof:
                 raise ScrapeError("decode", "gzip stream ended early (truncated body)")
+            openmetrics = resp.headers.get("content-type", "").lower().startswith(OPENMETRICS)
         try:
             body = b"".join(parts).decode("utf-8")
         except UnicodeDecodeError as e:
             raise ScrapeError("decode", f"body is not UTF-8 (byte {e.start})") from None
+        if openmetrics and not body.rstrip("\n").endswith("# EOF"):
+            # OpenMetrics ends with "# EOF": without it the body was cut (a text body cut at a line end looks whole).
+            raise ScrapeError("parse", "OpenMetrics body without '# EOF' (truncated?)")
         if body[:200].lstrip().lower().startswith(_HTML_START):
             raise ScrapeError("html", "HTTP 200 with an HTML page, not metrics (a login or proxy page?)")
         return body

@@ -145,6 +145,10 @@ class KvSignals:
     mean: float | None = None
     slope_per_second: float | None = None
     seconds_to_full: float | None = None
+    # CPU KV offload (0.33, vllm:kv_offload_cpu_cache_usage_perc): the share of the CPU tier pinned by in-flight
+    # stores and loads, the latest and the window's maximum; not how full the tier is (normalize's docstring)
+    offload_pinned_ratio: float | None = None
+    offload_pinned_max: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +162,7 @@ class StreakPoint:
     waiting: float
     kv: float | None
     prompt_tokens: float | None
+    generation_tokens: float | None = None  # the reset-corrected cumulative count, None if not exported
 
 
 @dataclass(slots=True)
@@ -191,6 +196,9 @@ class ThroughputSignals:
     prompt_tokens_all_per_second: float | None = None
     generation_tokens_per_second: float | None = None
     preemptions_per_second: float | None = None
+    # over the last RECENT samples only: a window's preemptions can be the previous state's (the tour's recovery
+    # read kv_cache 6 s in, KV at 0.06, one request waiting, on the kv_cache phase's preemptions)
+    preemptions_recent_per_second: float | None = None
     gap: bool = False  # the last interval: prompt throughput ~0 while generation goes on and requests wait
     gap_fraction: float | None = None
     # vllm:iteration_tokens_total over the window: a prompt counts whole (its prefill's computed tokens) in
@@ -288,6 +296,8 @@ _JSON_NAMES: dict[str, dict[str, str]] = {
         "recent_max": "kv_usage_recent_max",
         "mean": "kv_usage_mean",
         "slope_per_second": "kv_usage_slope_per_second",
+        "offload_pinned_ratio": "kv_offload_pinned_ratio",
+        "offload_pinned_max": "kv_offload_pinned_max",
     },
     "queue": {
         "running": "requests_running",
@@ -369,6 +379,10 @@ def _drop_non_finite(s: Signals) -> None:
 
 def kv_signals(pts: list[Point]) -> KvSignals:
     k = KvSignals(usage_ratio=pts[-1].gauges.get("kv_cache_usage_ratio"))
+    pinned = [p.gauges["kv_offload_pinned_ratio"] for p in pts if "kv_offload_pinned_ratio" in p.gauges]
+    if pinned:
+        k.offload_pinned_ratio = pts[-1].gauges.get("kv_offload_pinned_ratio")
+        k.offload_pinned_max = max(pinned)
     with_kv = [p for p in pts if "kv_cache_usage_ratio" in p.gauges]
     if not with_kv:
         return k
@@ -426,6 +440,7 @@ def _streak(pts: list[Point]) -> tuple[StreakPoint, ...]:
             p.gauges.get("requests_waiting", 0.0),
             p.gauges.get("kv_cache_usage_ratio"),
             p.counters.get(key),
+            p.counters.get("generation_tokens"),
         )
         for p in pts
     )
@@ -441,6 +456,7 @@ def throughput_signals(pts: list[Point], measured: Measured) -> ThroughputSignal
             th.prompt_tokens_per_second = th.prompt_tokens_all_per_second
         th.generation_tokens_per_second = _rate(first, last, "generation_tokens")
         th.preemptions_per_second = _rate(first, last, "preemptions")
+        th.preemptions_recent_per_second = _rate(pts[max(0, len(pts) - 1 - RECENT)], last, "preemptions")
         q, h = _rate(first, last, "prefix_cache_queries"), _rate(first, last, "prefix_cache_hits")
         if q and h is not None and q > 0:
             th.prefix_cache_hit_ratio = h / q
@@ -464,6 +480,8 @@ def throughput_signals(pts: list[Point], measured: Measured) -> ThroughputSignal
         v = getattr(measured, name)
         if v is not None:
             setattr(th, name, v)
+    if measured.preemptions_per_second is not None:  # a log record's own interval is its recent past
+        th.preemptions_recent_per_second = measured.preemptions_per_second
     return th
 
 

@@ -31,7 +31,7 @@ REQUIRED_ALERTS = {
     "KvwatchKVCacheAdmissionStall", "KvwatchKVCachePreempting", "KvwatchThroughputGapSustained",
     "KvwatchMaxNumSeqsBinding", "KvwatchTokenBudgetBinding", "KvwatchEngineStalled",
     "KvwatchKVCacheSaturationForecast", "KvwatchVLLMUnreachable", "KvwatchDown", "KvwatchAbsent",
-    "KvwatchTTFTBudgetBurn", "Watchdog",
+    "KvwatchTTFTBudgetBurn", "KvwatchScaleOutNotNeeded", "Watchdog",
 }
 
 
@@ -63,7 +63,7 @@ def recording_rules() -> list[dict]:
 def test_promtool_check_rules():
     proc = run(tool("promtool"), "check", "rules", *map(str, RULE_FILES))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "SUCCESS: 15 rules found" in proc.stdout, proc.stdout
+    assert "SUCCESS: 16 rules found" in proc.stdout, proc.stdout
 
 
 @pytest.mark.slow

@@ -57,7 +57,9 @@ RENDERABLE = OVERLAYS + [DEPLOY / "monitoring", DEPLOY / "alertmanager"]
 WEB_CONFIG = DEPLOY / "components" / "web-config"
 # The example with the optional web-config component added (a test fixture: its hash is a placeholder).
 WITH_WEB_CONFIG = REPO / "tests" / "fixtures" / "deploy" / "web-config"
-CHECKED = RENDERABLE + [WITH_WEB_CONFIG]
+# The example with the HPA + prometheus-adapter autoscaling component (deploy/overlays/autoscaling has KEDA's).
+WITH_HPA = REPO / "tests" / "fixtures" / "deploy" / "autoscaling-hpa"
+CHECKED = RENDERABLE + [WITH_WEB_CONFIG, WITH_HPA]
 KUBERNETES_VERSIONS = ["1.29.0", latest_version()]
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 
@@ -273,7 +275,7 @@ def validate_custom(doc: dict) -> None:
 def test_custom_resources_validate_against_the_operator_crds(path):
     custom = [d for d in render(path) if not is_builtin(d)]
     for d in custom:
-        assert d["kind"] in ("PodMonitor", "PrometheusRule"), f"no schema to check {d['kind']} against"
+        assert d["kind"] in ("PodMonitor", "PrometheusRule", "ScaledObject"), f"no schema to check {d['kind']} against"
         validate_custom(d)
     if path in (EXAMPLE, WITH_WEB_CONFIG):
         assert {d["kind"] for d in custom} >= {"PodMonitor"}

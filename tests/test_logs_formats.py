@@ -312,6 +312,7 @@ EXPECTED = {
     "v1_0.32_xpu_kv_fetch.log": ["none", "none", "none"],
     "v1_0.32_iteration_details.log": ["token_budget"] * 3,
     "v1_aggregated.log": ["max_num_seqs"] * 3,
+    "v1_0.33_aggregated_pd.log": ["kv_cache"] * 3 + ["none"],  # the last: every waiting request deferred
     "v1_stalled_restart.log": ["none", "none", "stalled", "stalled", "stalled", "none", "none"],
     "messy_cri_node.log": ["kv_cache"] * 3 + ["none"],
     "messy_terminal_copy.log": ["kv_cache"] * 3,

@@ -162,33 +162,63 @@ async def test_no_secret_in_any_output_through_success_failure_and_reconnect(tmp
         assert len(about) >= 3 and all(d["target"] == label and d["logger"] == "kvwatch" for d in about), about
 
 
+async def _probe(url: str) -> bool:
+    """The fake answers a GET of its /metrics right now (judged apart from kvwatch)."""
+    try:
+        async with httpx.AsyncClient() as c:
+            return (await c.get(url, timeout=10)).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+async def _kvwatch(*args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "kvwatch", *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env=env)
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    return proc.returncode or 0, out.decode() + err.decode()
+
+
 @pytest.mark.slow
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(240)
 async def test_no_secret_in_diagnose_and_record_output(tmp_path):
-    async with Upstream() as up:
-        up.serve_dir("kv_cache")
-        target = f"http://kv:{PASSWORD}@127.0.0.1:{up.port}/metrics?api_key={QUERY_TOKEN}"
-        outputs = []
-        for args in (["diagnose", target, "--duration", "3", "--json", "--interval", "0.5"],
-                     ["diagnose", target, "--duration", "2", "--interval", "0.5"],
-                     ["record", target, "--out", str(tmp_path / "rec"), "--duration", "2", "--interval", "0.5"]):
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "kvwatch", *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-                env={**os.environ, "KVWATCH_LOG_LEVEL": "debug"})
-            out, err = await asyncio.wait_for(proc.communicate(), 60)
-            outputs.append((args[0], proc.returncode, out.decode() + err.decode()))
-        await up.stop()
-        proc = await asyncio.create_subprocess_exec(  # and the failure path: nothing to scrape
-            sys.executable, "-m", "kvwatch", "diagnose", target, "--duration", "2", "--interval", "0.5",
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-        out, err = await asyncio.wait_for(proc.communicate(), 60)
-        outputs.append(("diagnose (down)", proc.returncode, out.decode() + err.decode()))
-    assert [rc for _, rc, _ in outputs[:3]] == [0, 0, 0] and outputs[3][1] == 1, outputs
-    assert f"http://<secret>@127.0.0.1:{up.port}/metrics?api_key=<secret>" in outputs[0][2]
+    # Once under a loaded CI-like machine (test-all at -n 3 beside the e2e lane) the 2nd and 3rd runs here failed
+    # with "All connection attempts failed" to this fake while the 1st had scraped it. A run is therefore judged
+    # only if the fake answered a probe just before and just after it; a run bracketed by a failed probe is the
+    # fake's (or the machine's) failure and is run again against a fresh fake, at most twice. A kvwatch that
+    # cannot reach a reachable upstream still fails, as does one that prints a secret in any attempt.
+    outputs = []
+    debug = {**os.environ, "KVWATCH_LOG_LEVEL": "debug"}
+    runs = (["diagnose", "--duration", "3", "--json", "--interval", "0.5"],
+            ["diagnose", "--duration", "2", "--interval", "0.5"],
+            ["record", "--out", str(tmp_path / "rec"), "--duration", "2", "--interval", "0.5"])
+    auth_headers: list[str | None] = []
+    for args in runs:
+        for attempt in range(3):
+            with Upstream() as up:  # in a thread of its own: the test's loop cannot hold it up
+                up.serve_dir("kv_cache")
+                target = f"http://kv:{PASSWORD}@127.0.0.1:{up.port}/metrics?api_key={QUERY_TOKEN}"
+                before = await _probe(up.url)
+                rc, text = await _kvwatch(args[0], target, *args[1:], env=debug)
+                judged = before and await _probe(up.url)
+                outputs.append((args[0], rc, text))  # every attempt's output is searched for secrets
+                auth_headers += [h for h in up.auth_headers if h is not None]
+                shown = f"http://<secret>@127.0.0.1:{up.port}/metrics?api_key=<secret>"
+            if judged:
+                break
+        assert judged, f"the fake upstream itself did not answer around {args[0]} in 3 attempts"
+        assert rc == 0, (args[0], text[-600:])
+        if args[1:3] == ["--duration", "3"]:
+            assert shown in text, text[-600:]
+    # and the failure path: nothing to scrape (a port nobody listens on)
+    target = f"http://kv:{PASSWORD}@127.0.0.1:{free_port()}/metrics?api_key={QUERY_TOKEN}"
+    rc, text = await _kvwatch("diagnose", target, "--duration", "2", "--interval", "0.5")
+    assert rc == 1, text[-600:]
+    outputs.append(("diagnose (down)", rc, text))
     for name, _, text in outputs:
         assert PASSWORD not in text and QUERY_TOKEN not in text, f"{name}: {text[:300]}"
     assert len(list((tmp_path / "rec").glob("*.prom"))) >= 2
-    assert up.auth_headers and all(h.startswith("Basic ") for h in up.auth_headers)  # userinfo is basic auth
+    assert auth_headers and all(h.startswith("Basic ") for h in auth_headers)  # userinfo is basic auth
 
 
 def test_userinfo_and_a_bearer_token_are_refused_together(tmp_path):

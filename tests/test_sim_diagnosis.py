@@ -22,12 +22,11 @@ import pytest
 from kvwatch.sim import SimServer
 from tests.helpers.ports import free_ports
 from tests.helpers.process import Process
-from tests.helpers.sim_judge import CASES, Poll, judge
+from tests.helpers.sim_judge import CASES, Poll, judge, seconds
 
-pytestmark = pytest.mark.slow  # real time: one kvwatch process and seven simulators for two minutes
+pytestmark = pytest.mark.slow  # real time: one kvwatch process and a simulator per preset for two minutes
 
-SINGLE_STATE_SECONDS = 24.0  # wall; stalled needs 10 s of serving first
-TOUR_SECONDS = 118.0  # one full cycle (107 s) and the start of the next
+TOUR_SECONDS = seconds("tour")  # one full cycle (107 s) and the start of the next; the longest
 
 
 @dataclass
@@ -66,7 +65,7 @@ async def _observe(tmp_path) -> Observation:
                 doc = (await client.get(base + "/api/v1/diagnosis")).json()
                 by_target = {t["target"]: t for t in doc.get("targets", [doc])}
                 for preset, sim in sims.items():
-                    if preset != "tour" and elapsed > SINGLE_STATE_SECONDS:
+                    if elapsed > seconds(preset):
                         continue
                     t = by_target.get(sim.url)
                     if t is None:

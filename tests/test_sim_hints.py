@@ -19,10 +19,7 @@ from kvwatch.sim.exposition import render
 from kvwatch.sim.scenario import load_scenario
 from kvwatch.sim.simulator import Simulator
 from kvwatch.state import Target
-from tests.helpers.sim_judge import CASES, Poll, judge
-
-SECONDS = {"tour": 118.0}  # one full cycle (107 s) and the start of the next; the others as the HTTP test
-SINGLE_STATE_SECONDS = 24.0
+from tests.helpers.sim_judge import CASES, Poll, judge, seconds
 
 
 @functools.cache  # one simulation per preset, diagnosed by both targets
@@ -35,7 +32,7 @@ def observe(preset: str) -> dict[bool, list[Poll]]:
     }
     sim = Simulator(scenario, seed=11, wall_start=1.8e9)
     polls: dict[bool, list[Poll]] = {False: [], True: []}
-    for k in range(1, int(SECONDS.get(preset, SINGLE_STATE_SECONDS)) + 1):
+    for k in range(1, int(seconds(preset)) + 1):
         sim.advance_to(float(k))
         body = render(sim)
         for hinted, target in targets.items():
@@ -58,3 +55,29 @@ def test_every_preset_but_the_tour_keeps_one_engine_config():
         s = load_scenario(preset)
         flags = {(p.engine.max_num_seqs, p.engine.max_num_batched_tokens, p.engine.max_model_len) for p in s.phases}
         assert len(flags) == 1, (preset, flags)
+
+
+@pytest.mark.parametrize("preset", [p for p in CASES if "stalled" in CASES[p][1]])
+def test_a_stalling_engine_is_never_given_a_limit(preset):
+    """Before the stall rule can tell (max(5 s, 3 intervals) without progress), Running is flat with a queue: a
+    plateau. An engine that generates nothing is not at a ceiling: until then it is ``none``, then ``stalled``."""
+    for hinted, polls in observe(preset).items():
+        named = [(round(p.sim_time - p.phase_start, 1), p.bottleneck) for p in polls if p.phase == "stalled"]
+        assert named and {b for _, b in named} <= {"none", "stalled"}, (preset, hinted, named)
+
+
+@pytest.mark.parametrize("offset", [0.0, 0.2, 0.4, 0.6, 0.8])
+def test_past_preemptions_do_not_name_kv_once_it_has_drained(offset):
+    """The tour's recovery, scraped at every phase of the second: the kv_cache phase's preemptions stay in the
+    10-s window for seconds after KV drains, and a stray arrival then found them (the HTTP test once read
+    kv_cache 6-11 s into recovery with KV at 0.06). Only recent preemptions are a sign."""
+    sim, target = Simulator(load_scenario("tour"), seed=11, wall_start=1.8e9), Target("sim://tour")
+    seen = []
+    for k in range(1, 60):
+        sim.advance_to(k + offset)
+        target.observe_body(sim.virtual_time, render(sim))
+        (engine,) = target.diagnose(sim.virtual_time).engines
+        if sim.phase_name == "recovery":
+            seen.append((round(sim.now - sim.phase_start, 1), str(engine.bottleneck)))
+    late = [b for since, b in seen if since > CASES["tour"][1]["recovery"][1]]
+    assert late and set(late) == {"none"}, seen

@@ -219,4 +219,5 @@ def test_cli_lists_the_presets(capsys):
     out = capsys.readouterr().out
     names = [line.split()[0] for line in out.splitlines()]
     assert names == list_presets()
-    assert set(names) == {"idle", "healthy", "kv_cache", "max_num_seqs", "token_budget", "stalled", "tour"}
+    cpu = {"idle", "healthy", "kv_cache", "max_num_seqs", "token_budget", "stalled"}
+    assert set(names) == cpu | {"tour"} | {f"gpu_{n}" for n in cpu}

@@ -2,7 +2,7 @@
 
     kvwatch sim [--scenario NAME | --scenario-file F] [--host H] [--port P] [--seed S]
                 [--speed X] [--engines N] [--metrics-version {0.32,0.10,v0}] [--duration S]
-                [--list-scenarios]
+                [--log-file F] [--list-scenarios]
 
 Exit status: 0 on a clean stop (SIGINT/SIGTERM or ``--duration`` elapsed), 2 on a bad setting
 (one line naming it), 1 when it cannot listen.
@@ -101,6 +101,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="S",
         help="stop after S wall-clock seconds (default: run until interrupted)",
     )
+    p.add_argument(
+        "--log-file",
+        default=None,
+        metavar="F",
+        help="append vLLM's own server log lines to F (the KV-cache size line, then a stats line per engine "
+        "every 10 simulated seconds), for `kvwatch logs`",
+    )
     p.add_argument("--list-scenarios", action="store_true", help="print the presets and exit")
     return p
 
@@ -132,12 +139,20 @@ def main(argv: list[str]) -> int:
         print(f"kvwatch sim: error: {e}", file=sys.stderr)
         return 2
     try:
-        return asyncio.run(_serve(scenario, args, version))
+        log = open(args.log_file, "a", encoding="utf-8") if args.log_file else None  # noqa: SIM115
+    except OSError as e:
+        print(f"kvwatch sim: error: --log-file: cannot write {args.log_file}: {e.strerror or e}", file=sys.stderr)
+        return 2
+    try:
+        return asyncio.run(_serve(scenario, args, version, log))
     except KeyboardInterrupt:  # pragma: no cover - signal handlers normally catch it first
         return 0
+    finally:
+        if log is not None:
+            log.close()
 
 
-async def _serve(scenario, args, version) -> int:
+async def _serve(scenario, args, version, log) -> int:
     def on_phase(name: str, t: float) -> None:
         print(f"phase {name} (t={t:.1f}s simulated)", flush=True)
 
@@ -149,6 +164,7 @@ async def _serve(scenario, args, version) -> int:
         speed=args.speed,
         metrics_version=version,
         on_phase=on_phase,
+        log_stream=log,
     )
     try:
         await server.start()

@@ -5,6 +5,7 @@ A scenario is a JSON document (the presets live in ``kvwatch/scenarios/*.json``)
     {
       "name": "kv_cache",
       "description": "...",
+      "sources": ["..."],                # where calibrated figures come from (optional)
       "engines": 1,                      # data-parallel engines (``--engines`` overrides)
       "loop": false,                     # restart the phase list after the last phase
       "engine": {                        # vLLM server flags and the step-time model
@@ -321,6 +322,8 @@ class Phase(_Model):
 class Scenario(_Model):
     name: str = Field(min_length=1)
     description: str = ""
+    # Where each calibrated figure comes from (the GPU presets cite model configs, logs and benchmarks).
+    sources: tuple[Annotated[str, Field(min_length=1)], ...] = Field((), strict=False)  # a JSON list
     engines: int = Field(1, ge=1)
     loop: bool = False
     engine: EngineConfig

@@ -9,12 +9,14 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TextIO
 
 from aiohttp import web
 
 from .exposition import CONTENT_TYPE, normalize_version, process_start_time, render
 from .scenario import Scenario, load_scenario
 from .simulator import Simulator
+from .vllm_log import LogWriter
 
 __all__ = ["SimServer"]
 
@@ -47,6 +49,7 @@ class SimServer:
         scenario_file: str | Path | None = None,
         tick: float = 0.05,
         on_phase: Callable[[str, float], None] | None = None,
+        log_stream: TextIO | None = None,
     ):
         if scenario_file is not None:
             sc = load_scenario(path=scenario_file)
@@ -68,6 +71,8 @@ class SimServer:
         self.speed = float(speed)
         self.tick = tick
         self.on_phase = on_phase
+        self.log_stream = log_stream  # vLLM's own server log lines go here (kvwatch.sim.vllm_log)
+        self._log: LogWriter | None = None
         self.simulator: Simulator | None = None
         self._runner: web.AppRunner | None = None
         self._task: asyncio.Task | None = None
@@ -83,6 +88,9 @@ class SimServer:
         loop = asyncio.get_running_loop()
         self.simulator = Simulator(self.scenario, seed=self.seed, wall_start=time.time())
         self._t0 = loop.time()
+        if self.log_stream is not None:
+            self._log = LogWriter(self.simulator)
+            self._write_log(self._log.startup())
         app = web.Application()
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/health", self._health)
@@ -164,10 +172,17 @@ class SimServer:
             sim.advance_to(target)
         self._note_phase()
 
+    def _write_log(self, lines: list[str]) -> None:
+        if lines and self.log_stream is not None:
+            self.log_stream.write("".join(line + "\n" for line in lines))
+            self.log_stream.flush()
+
     def _note_phase(self) -> None:
         sim = self.simulator
         if sim is None:
             return
+        if self._log is not None:
+            self._write_log(self._log.lines())
         if sim.phase_index != self._phase_seen or sim.cycle != self._cycle_seen:
             self._phase_seen = sim.phase_index
             self._cycle_seen = sim.cycle

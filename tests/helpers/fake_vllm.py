@@ -55,12 +55,17 @@ from tests.helpers.recordings import captures
 __all__ = ["FakeVllm", "bomb"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # prometheus_client's, as vLLM 0.32 serves it
+# vLLM's Rust frontend (VLLM_USE_RUST_FRONTEND=1): OpenMetrics whatever the Accept header (gpustack/gpustack#6215)
+OPENMETRICS = "application/openmetrics-text; version=1.0.0; charset=utf-8"
 _TYPE_RE = re.compile(r"^# TYPE (\S+) (\S+)")
 
 
 class FakeVllm:
-    def __init__(self, *, host: str = HOST, port: int = 0, gzip_when_accepted: bool = False):
+    def __init__(
+        self, *, host: str = HOST, port: int = 0, gzip_when_accepted: bool = False, content_type: str = CONTENT_TYPE
+    ):
         self.host = host
+        self.content_type = content_type  # sent whatever the request's Accept says, as both vLLM frontends do
         self.port = port
         self.gzip_when_accepted = gzip_when_accepted
         self.bodies: list[str] = []
@@ -145,7 +150,7 @@ class FakeVllm:
             return web.Response(text=page, content_type="text/html")
         if mode == "truncate":
             body = self.next_body()
-            return web.Response(text=body[: len(body) // 2 + 7])
+            return web.Response(text=body[: len(body) // 2 + 7], headers={"Content-Type": self.content_type})
         if mode == "garbage":
             return web.Response(body=b"\x00\xff<html>not metrics</html>\n{\n")
         if mode == "html":
@@ -179,8 +184,9 @@ class FakeVllm:
     def _ok(self, request: web.Request) -> web.Response:
         body = self.next_body()
         if self.gzip_when_accepted and "gzip" in request.headers.get("Accept-Encoding", ""):
-            return web.Response(body=_gzip(body), headers={"Content-Type": CONTENT_TYPE, "Content-Encoding": "gzip"})
-        return web.Response(body=_encoded(body), headers={"Content-Type": CONTENT_TYPE})
+            headers = {"Content-Type": self.content_type, "Content-Encoding": "gzip"}
+            return web.Response(body=_gzip(body), headers=headers)
+        return web.Response(body=_encoded(body), headers={"Content-Type": self.content_type})
 
     # -- in the running event loop ---------------------------------------------------------------------
     async def start(self) -> "FakeVllm":

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from kvwatch.catalog import Thresholds
 
-__all__ = ["CASES", "Poll", "judge"]
+__all__ = ["CASES", "Poll", "judge", "seconds"]
 
 # Without a hint kvwatch names the sequence ceiling on a Running plateau only (never by elimination): the queue must
 # have been seen in plateau_samples 1-s scrapes, after kvwatch's first scrape of the simulator and the scrape's
@@ -31,7 +31,23 @@ CASES = {
     # tokens per step must climb from max_num_seqs' ~64).
     "tour": (1.0, {"healthy": ("none", 6.0), "kv_cache": ("kv_cache", 6.0), "recovery": ("none", 6.0),
                    "max_num_seqs": ("max_num_seqs", PLATEAU_LAG), "token_budget": ("token_budget", 10.0)}),
+    # The GPU regime (kvwatch/scenarios/gpu_*.json: Llama 3.1 8B on an H100, 70B on four). A GPU server's
+    # 'filling' phase (prefill paces admission until the cache or the ceiling is reached) is not judged.
+    "gpu_idle": (1.0, {"idle": ("idle", 6.0)}),
+    "gpu_healthy": (1.0, {"healthy": ("none", 6.0)}),
+    "gpu_kv_cache": (1.0, {"kv_cache": ("kv_cache", 6.0)}),
+    "gpu_max_num_seqs": (1.0, {"max_num_seqs": ("max_num_seqs", PLATEAU_LAG)}),
+    "gpu_token_budget": (1.0, {"token_budget": ("token_budget", 6.0)}),
+    "gpu_stalled": (1.0, {"serving": ("none", 6.0), "stalled": ("stalled", 10.0)}),
 }
+
+# Simulated seconds each preset is watched: long enough for its judged phases (a filling phase first).
+SECONDS = {"tour": 118.0, "gpu_kv_cache": 36.0, "gpu_max_num_seqs": 26.0}
+SINGLE_STATE_SECONDS = 24.0  # stalled needs 10 s of serving first
+
+
+def seconds(preset: str) -> float:
+    return SECONDS.get(preset, SINGLE_STATE_SECONDS)
 
 
 @dataclass

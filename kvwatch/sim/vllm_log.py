@@ -1,0 +1,92 @@
+"""The simulator's server log: the lines vLLM 0.32 writes that ``kvwatch logs`` reads.
+
+At start-up, per engine, the KV-cache size line of ``vllm/v1/core/kv_cache_utils.py``
+(``_report_kv_cache_config``, as the 0.32 CPU captures in tests/fixtures/vllm-0.32.0-cpu show it, one line)::
+
+    (EngineCore_DP0 pid=101) INFO 12-01 10:22:11 [kv_cache_utils.py:2327] GPU KV cache size: 447,440 tokens, Maximum concurrency for 32,768 tokens per request: 13.65x
+
+then every ``interval`` simulated seconds (vLLM's ``VLLM_LOG_STATS_INTERVAL``, 10 s) one stats line per engine,
+``LoggingStatLogger.log`` of ``vllm/v1/metrics/loggers.py``: the prompt and generation tokens of the interval
+over its length, the gauges as last published, and the prefix-cache hit rate over the interval::
+
+    (APIServer pid=100) INFO 12-01 10:22:22 [loggers.py:335] Engine 000: Avg prompt throughput: 161.7 tokens/s, Avg generation throughput: 18.1 tokens/s, Running: 7 reqs, Waiting: 72 reqs, GPU KV cache usage: 100.0%, Prefix cache hit rate: 0.0%
+
+A stalled engine publishes no stats, so its line repeats the frozen gauges with zero throughput, as vLLM's
+logger does (it logs on its own timer from the last stats it received).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+from .simulator import Simulator
+
+__all__ = ["LogWriter", "simulated_log"]
+
+API_PID, CORE_PID = 100, 101
+
+
+def _stamp(t: float) -> str:
+    return time.strftime("%m-%d %H:%M:%S", time.gmtime(t))
+
+
+class LogWriter:
+    """vLLM's log lines for ``sim``, a line per engine each time ``lines`` is called past an interval."""
+
+    def __init__(self, sim: Simulator, interval: float = 10.0, device: str = "GPU"):
+        self.sim = sim
+        self.interval = interval
+        self.device = device
+        self._last = sim.now
+        self._totals = [self._counts(e) for e in sim.engines]
+
+    def startup(self) -> list[str]:
+        out = []
+        for e in self.sim.engines:
+            cfg = e.cfg
+            tokens = cfg.num_gpu_blocks * cfg.block_size
+            out.append(
+                f"(EngineCore_DP{e.index} pid={CORE_PID + e.index}) INFO {_stamp(self.sim.virtual_time)} "
+                f"[kv_cache_utils.py:2327] {self.device} KV cache size: {tokens:,} tokens, Maximum concurrency "
+                f"for {cfg.max_model_len:,} tokens per request: {tokens / cfg.max_model_len:.2f}x"
+            )
+        return out
+
+    @staticmethod
+    def _counts(e) -> tuple[int, int, int, int]:
+        s = e.stats
+        return s.prompt_tokens, s.gen_tokens, s.prefix_queries, s.prefix_hits
+
+    def lines(self) -> list[str]:
+        """The stats lines due since the last call (one per engine once ``interval`` has passed)."""
+        elapsed = self.sim.now - self._last
+        if elapsed < self.interval:
+            return []
+        self._last = self.sim.now
+        out = []
+        for i, e in enumerate(self.sim.engines):
+            now = self._counts(e)
+            prompt, gen, queries, hits = (b - a for a, b in zip(self._totals[i], now, strict=True))
+            self._totals[i] = now
+            s = e.stats
+            hit_rate = 100.0 * hits / queries if queries else 0.0
+            out.append(
+                f"(APIServer pid={API_PID}) INFO {_stamp(self.sim.virtual_time)} [loggers.py:335] "
+                f"Engine {e.index:03d}: Avg prompt throughput: {prompt / elapsed:.1f} tokens/s, "
+                f"Avg generation throughput: {gen / elapsed:.1f} tokens/s, Running: {s.running} reqs, "
+                f"Waiting: {s.waiting} reqs, {self.device} KV cache usage: {100.0 * s.kv_usage:.1f}%, "
+                f"Prefix cache hit rate: {hit_rate:.1f}%"
+            )
+        return out
+
+
+def simulated_log(sim: Simulator, seconds: float, interval: float = 10.0, device: str = "GPU") -> Iterator[str]:
+    """Run ``sim`` for ``seconds`` simulated seconds and yield its server log, start-up lines first."""
+    w = LogWriter(sim, interval, device)
+    yield from w.startup()
+    t = sim.now
+    while t + interval <= seconds + 1e-9:
+        t += interval
+        sim.advance_to(t)
+        yield from w.lines()
