@@ -12,6 +12,8 @@ scaling (1x / 4x / 16x), memory (RSS of a real ``kvwatch run``), fanin (targets 
 ``kvwatch logs -`` on a 1 GiB log through a pipe vs a tenth of it).
 
     python -m bench fuzz --cases N [--seed S]   # the parser under fuzzing (bench/fuzz.py), not a timed section
+    python -m bench soak --minutes M --hz H     # RSS slope, fds, tasks and lateness over a long run (bench/soak.py)
+    python -m bench abuse [--seconds S]         # scrape lateness while kvwatch's port is abused (bench/abuse.py)
 """
 
 from __future__ import annotations
@@ -244,12 +246,37 @@ def table(res: dict) -> str:
     return "\n".join(lines)
 
 
+def soak_main(argv: list[str]) -> int:
+    from bench.soak import leaks, measure, table
+
+    p = argparse.ArgumentParser(prog="python -m bench soak", description="kvwatch run on the simulator's tour, for long")
+    p.add_argument("--minutes", type=float, default=30.0)
+    p.add_argument("--hz", type=float, default=10.0, help="kvwatch's scrape rate (--interval 1/HZ)")
+    p.add_argument("--json", action="store_true", help="print JSON on stdout (the table on stderr)")
+    args = p.parse_args(argv)
+    if not (args.minutes > 0 and args.hz > 0):
+        p.error("--minutes and --hz must be > 0")
+    res = {"machine": _machine(), "soak": measure(args.minutes, args.hz, log=_log)}
+    res["loadavg_end"] = os.getloadavg()
+    text = table(res["soak"])
+    print(text, file=sys.stderr if args.json else sys.stdout)
+    if args.json:
+        print(json.dumps(res, indent=1))
+    return 1 if leaks(res["soak"]) else 0
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["fuzz"]:  # a correctness run of its own, not a timed section (bench/fuzz.py)
         from bench.fuzz import main as fuzz_main
 
         return fuzz_main(argv[1:])
+    if argv[:1] == ["soak"]:
+        return soak_main(argv[1:])
+    if argv[:1] == ["abuse"]:  # kvwatch's own port under hostile clients (bench/abuse.py)
+        from bench.abuse import main as abuse_main
+
+        return abuse_main(argv[1:])
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="tiny configuration (smoke test)")
     p.add_argument("--json", action="store_true", help="print JSON on stdout (the table on stderr)")

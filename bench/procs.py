@@ -34,12 +34,13 @@ def payload_server(fanin: int = 0, b_captures: int = 48, cpu: int | None = None)
 
 
 @contextlib.contextmanager
-def kvwatch_run(targets: list[str], *flags: str, cpu: int | None = None):
+def kvwatch_run(targets: list[str], *flags: str, cpu: int | None = None, entry: tuple[str, ...] = ("-m", "kvwatch")):
     """A real ``kvwatch run`` process (``python -m kvwatch``); yields (process, its base URL).
-    Targets go in KVWATCH_TARGET (comma-separated), as the README documents."""
+    Targets go in KVWATCH_TARGET (comma-separated), as the README documents. ``entry`` replaces
+    ``-m kvwatch`` (a test runs a deliberately leaking kvwatch through ``-c``)."""
     port = free_port()
     env = dict(os.environ, KVWATCH_TARGET=",".join(targets), KVWATCH_LOG_LEVEL="error")
-    cmd = [sys.executable, "-m", "kvwatch", "run", "--listen", f"127.0.0.1:{port}", *flags]
+    cmd = [sys.executable, *entry, "run", "--listen", f"127.0.0.1:{port}", *flags]
     url = f"http://127.0.0.1:{port}"
     with Process(cmd, cwd=ROOT, env=env, preexec_fn=_pin(cpu), name="bench: kvwatch run") as proc:
         proc.wait_for_url(url + "/readyz", timeout=30, interval=0.05)
@@ -61,6 +62,10 @@ def rss_kib(pid: int) -> tuple[int, int]:
             elif line.startswith("VmHWM:"):
                 hwm = int(line.split()[1])
     return rss, hwm
+
+
+def open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
 
 
 def cpu_seconds(pid: int) -> float:

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Write the README's vocabulary tables from ``kvwatch/catalog.py``: exported metrics, bottlenecks, actions,
-confidence levels.
+confidence levels; the fault table from ``tests/fault_table.py`` (the tests' own cases) and kvwatch's own
+/metrics worst case from ``kvwatch.export.worst_case``.
 
 Each table sits between ``<!-- BEGIN catalog:NAME -->`` and ``<!-- END catalog:NAME -->``; the rest of the
 README is left as it is.
@@ -19,7 +20,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from kvwatch.catalog import ENGINE, FAMILIES, Action, Bottleneck, Confidence, Family  # noqa: E402
+from kvwatch.app import MAX_CONNECTIONS, REQUEST_DEADLINE_SECONDS  # noqa: E402
+from kvwatch.catalog import ENGINE, FAMILIES, Action, Bottleneck, Confidence, Family, ScrapeReason  # noqa: E402
+from kvwatch.config import Settings  # noqa: E402
+from kvwatch.export import worst_case  # noqa: E402
+from kvwatch.normalize import MAX_LABEL_CHARS  # noqa: E402
+from tests.fault_table import ALL  # noqa: E402
 
 README = REPO / "README.md"
 
@@ -54,11 +60,43 @@ def confidence_table() -> str:
     return "\n".join(rows)
 
 
+def faults_table() -> str:
+    rows = ["| fault | what kvwatch does | `reason` | test |", "|---|---|---|---|"]
+    for f in ALL:
+        path, _, name = f.test.partition("::")
+        test = f"`{name}[{f.id}]`" if name == "test_fault_sets_up_0_counts_reason_and_recovers" else f"`{name}`"
+        rows.append(f"| {f.fault} | {f.does} | {f'`{f.reason}`' if f.reason else '-'} | [{path}]({path}) {test} |")
+    return "\n".join(rows)
+
+
+def reasons_table() -> str:
+    rows = ["| `reason` | meaning |", "|---|---|"]
+    rows += [f"| `{r}` | {r.meaning} |" for r in ScrapeReason]
+    return "\n".join(rows)
+
+
+def worst_case_text() -> str:
+    engines = Settings.model_fields["max_engines"].default
+    target = len("http://vllm-0.vllm.inference.svc:8000/metrics")
+    one = worst_case(1, engines, target)
+    return (
+        f"At the default `--max-engines {engines}`, one target with a {target}-character URL: at most "
+        f"**{one[0]:,} series, {one[1] / 2**20:.1f} MiB** per kvwatch `/metrics` response (`kvwatch.export.worst_case`: "
+        f"every family at its most series, {engines} + 1 engines, every `model_name` / `engine` value "
+        f"{MAX_LABEL_CHARS} characters and every character escaped). "
+        f"It grows linearly with targets and `--max-engines`. The port serves {MAX_CONNECTIONS} connections at once "
+        f"and drops one that has not sent a complete request within {REQUEST_DEADLINE_SECONDS:g} s."
+    )
+
+
 TABLES = {
     "metrics": metrics_table,
     "bottlenecks": bottlenecks_table,
     "actions": actions_table,
     "confidence": confidence_table,
+    "faults": faults_table,
+    "reasons": reasons_table,
+    "worst_case": worst_case_text,
 }
 
 

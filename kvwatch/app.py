@@ -15,6 +15,7 @@ import logging
 import time
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CollectorRegistry
 from prometheus_client.aiohttp import make_aiohttp_handler
 
@@ -29,10 +30,34 @@ from kvwatch.scrape import FetchConfig, Fetcher, ScrapeError
 from kvwatch.state import NoVllmMetrics, Target
 from kvwatch.webconfig import WebConfigWatcher
 
-__all__ = ["Monitor", "make_app", "serve"]
+__all__ = ["LISTEN_BACKLOG", "Monitor", "make_app", "make_runner", "serve"]
 
 log = logging.getLogger("kvwatch")
 OFF_LOOP_BYTES = 256 * 1024  # parse bodies larger than this in a thread
+
+# kvwatch's own port, under abuse (README "Faults"; bench/abuse.py). Our clients are Prometheus, a browser on
+# the status page and probes: short URLs, a few headers, one request at a time each. aiohttp answers a longer
+# request line or header 400 and reads no further (its parser raises LineTooLong / BadHttpMessage).
+MAX_REQUEST_LINE_BYTES = 4096  # our longest URL is /api/v1/history?seconds=N (aiohttp's default: 8190)
+MAX_HEADER_BYTES = 8190  # one header line: a browser's cookies for the host can be long (aiohttp's default)
+MAX_HEADERS = 64  # header lines per request (aiohttp's default: 128)
+MAX_BODY_BYTES = 64 * 1024  # every route is a GET; aiohttp's default lets a request carry 1 MiB
+# A connection must deliver a complete request head within this, from accept or from the last response:
+# aiohttp's keep-alive timer runs from connection_made and only a parsed request stops it, so a client
+# trickling header bytes is dropped at 10 s (aiohttp's default waits 3630 s). Prometheus reconnects at 15 s.
+REQUEST_DEADLINE_SECONDS = 10.0
+# Connections served at once; past this, a new one gets 503 and is closed unread. Prometheus uses one, a
+# status page a few: 128 is far above need and bounds what 1,000 hostile clients cost (memory, fds).
+MAX_CONNECTIONS = 128
+LISTEN_BACKLOG = 32  # accepted-not-yet-served connections the kernel queues; the rest are refused
+# aiohttp logs each malformed request with a traceback: 1,000 oversized requests would be 1,000 tracebacks.
+# A client's error is answered 400 and is no news to us; a handler's own exception is still logged.
+http_log = logging.getLogger("kvwatch.http")
+http_log.addFilter(lambda record: not (record.exc_info and isinstance(record.exc_info[1], HttpProcessingError)))
+_BUSY = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: 31\r\n"
+    b"Retry-After: 1\r\nConnection: close\r\n\r\nkvwatch: too many connections\r\n"
+)
 
 
 class Monitor:
@@ -155,7 +180,8 @@ MONITOR = web.AppKey("monitor", Monitor)
 def make_app(monitor: Monitor, web_config: WebConfigWatcher | None = None) -> web.Application:
     """The sidecar's routes; with ``web_config``, its basic auth (every route but the probes) and headers."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(KvwatchCollector(lambda: monitor.targets.values()))
+    # collect() runs in the event loop (make_aiohttp_handler renders in the handler), so all_tasks() sees it.
+    registry.register(KvwatchCollector(lambda: monitor.targets.values(), lambda: len(asyncio.all_tasks())))
 
     @web.middleware
     async def server_header(request, handler):
@@ -163,7 +189,8 @@ def make_app(monitor: Monitor, web_config: WebConfigWatcher | None = None) -> we
         resp.headers["Server"] = f"kvwatch/{__version__}"
         return resp
 
-    app = web.Application(middlewares=[server_header, *([web_config.middleware] if web_config else [])])
+    middlewares = [server_header, *([web_config.middleware] if web_config else [])]
+    app = web.Application(middlewares=middlewares, client_max_size=MAX_BODY_BYTES)
     app[MONITOR] = monitor
     if web_config is not None:
         app.on_response_prepare.append(web_config.add_headers)
@@ -190,15 +217,53 @@ def make_app(monitor: Monitor, web_config: WebConfigWatcher | None = None) -> we
     return app
 
 
+class _Busy(asyncio.Protocol):
+    """A connection past MAX_CONNECTIONS: 503 and close, without reading the request."""
+
+    def connection_made(self, transport) -> None:
+        transport.write(_BUSY)
+        transport.close()
+
+
+class _CappedRunner(web.AppRunner):
+    """An AppRunner whose sites hand a new connection to aiohttp only while fewer than MAX_CONNECTIONS are open."""
+
+    @property
+    def server(self):
+        handlers = super().server
+        if handlers is None:
+            return None
+
+        def protocol():
+            return _Busy() if len(handlers.connections) >= MAX_CONNECTIONS else handlers()
+
+        return protocol
+
+
+def make_runner(app: web.Application) -> web.AppRunner:
+    """The runner every kvwatch server uses (``serve``, ``kvwatch demo``): the port's limits above."""
+    return _CappedRunner(
+        app,
+        access_log=None,
+        logger=http_log,
+        keepalive_timeout=REQUEST_DEADLINE_SECONDS,
+        max_line_size=MAX_REQUEST_LINE_BYTES,
+        max_field_size=MAX_HEADER_BYTES,
+        max_headers=MAX_HEADERS,
+    )
+
+
 async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     """Run the sidecar until ``stop`` is set (or forever). A bad ``--web-config-file`` raises ``ConfigError``
     before anything listens."""
     web_config = WebConfigWatcher(settings.web_config_file) if settings.web_config_file else None
     monitor = Monitor(settings)
-    runner = web.AppRunner(make_app(monitor, web_config), access_log=None)
+    runner = make_runner(make_app(monitor, web_config))
     await runner.setup()
     ssl_context = web_config.ssl_context if web_config else None
-    site = web.TCPSite(runner, settings.listen_host, settings.listen_port, ssl_context=ssl_context)
+    site = web.TCPSite(
+        runner, settings.listen_host, settings.listen_port, ssl_context=ssl_context, backlog=LISTEN_BACKLOG
+    )
     await site.start()
     watching = ", ".join(t.target for t in monitor.targets.values())
     scheme = "https" if ssl_context else "http"

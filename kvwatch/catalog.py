@@ -21,6 +21,7 @@ __all__ = [
     "FAMILIES",
     "FLAG_LIMITS",
     "KvPressure",
+    "ScrapeReason",
     "Source",
     "Thresholds",
     "family",
@@ -215,6 +216,38 @@ _CONFIDENCE_MEANING = {
 }
 
 
+class ScrapeReason(StrEnum):
+    """Why a scrape of vLLM failed (``kvwatch_scrape_errors_total{reason}``); kvwatch/scrape.py raises them."""
+
+    CONNECT = "connect"
+    TIMEOUT = "timeout"
+    HTTP_STATUS = "http_status"
+    REDIRECT = "redirect"
+    HTML = "html"
+    TOO_LARGE = "too_large"
+    DECODE = "decode"
+    PARSE = "parse"
+    NO_VLLM_METRICS = "no_vllm_metrics"
+
+    @property
+    def meaning(self) -> str:
+        return _REASON_MEANING[self]
+
+
+_REASON_MEANING = {
+    ScrapeReason.CONNECT: "no connection (refused, reset, DNS, TLS) or the bearer token file unreadable",
+    ScrapeReason.TIMEOUT: "no complete response within `--timeout` (connect to last byte: slow, dripping, endless)",
+    ScrapeReason.HTTP_STATUS: "an HTTP status other than 200 (and not a redirect)",
+    ScrapeReason.REDIRECT: "a 3xx redirect: not followed (point `--target` at the final URL); the error names it",
+    ScrapeReason.HTML: "a 200 carrying an HTML page (a login page or a proxy's), not metrics",
+    ScrapeReason.TOO_LARGE: "the body exceeds `--max-body-bytes`, counted after decompression (a gzip bomb stops at "
+    "the cap)",
+    ScrapeReason.DECODE: "not UTF-8, an unsupported or broken Content-Encoding",
+    ScrapeReason.PARSE: "not the Prometheus text format (a truncated body, a bad line)",
+    ScrapeReason.NO_VLLM_METRICS: "parsed, but no vLLM series in it (wrong URL, metadata only)",
+}
+
+
 class Source(StrEnum):
     """Where a limit's value came from (the ``source`` label)."""
 
@@ -354,10 +387,27 @@ FAMILIES: tuple[Family, ...] = (
         ("target", "reason"),
         "errors",
         "Failed scrapes of the target, by reason.",
-        doc="failed scrapes by `reason`: `connect`, `timeout`, `http_status`, `too_large`, `decode`, `parse`, "
-        "`no_vllm_metrics`",
+        doc=f"failed scrapes by `reason`: {_states(ScrapeReason)} (see Faults)",
+    ),
+    Family(
+        "kvwatch_folded_engines",
+        "gauge",
+        ("target",),
+        "engines",
+        "(model_name, engine) pairs beyond --max-engines folded into _overflow in the last good scrape.",
+        doc="`(model_name, engine)` pairs beyond `--max-engines` in the last good scrape, folded into one "
+        '`model_name="_overflow"` engine; 0 normally',
     ),
     Family("kvwatch_build_info", "gauge", ("version",), "1", "kvwatch version."),
+    Family(
+        "kvwatch_asyncio_tasks",
+        "gauge",
+        (),
+        "tasks",
+        "Asyncio tasks alive in kvwatch's event loop.",
+        doc="asyncio tasks alive in kvwatch's event loop: flat over time (one scrape loop per target plus the "
+        "requests being served); a climb is a leak (`python -m bench soak` watches it)",
+    ),
     Family(
         "kvwatch_target_bottleneck",
         "gauge",

@@ -17,7 +17,7 @@ import time
 
 from aiohttp import web
 
-from kvwatch.app import Monitor, make_app
+from kvwatch.app import LISTEN_BACKLOG, Monitor, make_app, make_runner
 from kvwatch.config import ConfigError, load_settings
 from kvwatch.diagnose import Diagnosis
 
@@ -107,10 +107,10 @@ async def run_demo(args) -> int:
     async with sim:
         settings = load_settings(target=[sim.url], listen=args.listen, interval=args.interval, window=args.window)
         monitor = Monitor(settings)
-        runner = web.AppRunner(make_app(monitor), access_log=None)
+        runner = make_runner(make_app(monitor))
         await runner.setup()
         try:
-            await web.TCPSite(runner, settings.listen_host, settings.listen_port).start()
+            await web.TCPSite(runner, settings.listen_host, settings.listen_port, backlog=LISTEN_BACKLOG).start()
         except OSError as e:
             raise ConfigError(f"invalid setting --listen: cannot listen on {args.listen} ({e.strerror})") from None
         host, port = runner.addresses[0][:2]  # the bound port, also when --listen asked for :0

@@ -22,15 +22,17 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from kvwatch import __version__
-from kvwatch.catalog import FAMILIES, Bottleneck, Confidence, Family, KvPressure
+from kvwatch.catalog import ENGINE, FAMILIES, Action, Bottleneck, Confidence, Family, KvPressure, ScrapeReason
 from kvwatch.diagnose import Diagnosis
+from kvwatch.normalize import MAX_LABEL_CHARS
 from kvwatch.state import Target
+from kvwatch.window import QUANTILES
 
-__all__ = ["KvwatchCollector"]
+__all__ = ["KvwatchCollector", "worst_case"]
 
 # Plain per-engine gauges: (family, how to read its value from Signals).
 _ENGINE_GAUGES = [(f, attrgetter(f.signal)) for f in FAMILIES if f.signal]
-_QUANTILES = [f for f in FAMILIES if f.labels[-1] == "quantile"]
+_QUANTILES = [f for f in FAMILIES if f.labels[-1:] == ("quantile",)]
 
 # The catalogue's families are gauges and counters (prometheus_client's Metric has no add_metric).
 _Metric = GaugeMetricFamily | CounterMetricFamily
@@ -44,8 +46,9 @@ def _new(f: Family) -> _Metric:
 class KvwatchCollector(Collector):
     """Every family of the catalogue, from ``targets()`` at the moment of the scrape."""
 
-    def __init__(self, targets: Callable[[], Iterable[Target]]):
+    def __init__(self, targets: Callable[[], Iterable[Target]], tasks: Callable[[], int] | None = None):
         self._targets = targets
+        self._tasks = tasks  # the served app counts its event loop's tasks; offline uses have none
 
     def describe(self):
         return []  # unchecked collector: families depend on the data
@@ -53,6 +56,8 @@ class KvwatchCollector(Collector):
     def collect(self):
         fams = {f.name: _new(f) for f in FAMILIES}
         fams["kvwatch_build_info"].add_metric([__version__], 1)
+        if self._tasks is not None:
+            fams["kvwatch_asyncio_tasks"].add_metric([], self._tasks())
         for t in self._targets():
             _add_target(fams, t)
         yield from fams.values()
@@ -61,6 +66,7 @@ class KvwatchCollector(Collector):
 def _add_target(fams: dict[str, _Metric], t: Target) -> None:
     name = t.target
     fams["kvwatch_up"].add_metric([name], 1.0 if t.up else 0.0)
+    fams["kvwatch_folded_engines"].add_metric([name], t.folded_engines)
     if t.scrape_duration_seconds is not None:
         fams["kvwatch_scrape_duration_seconds"].add_metric([name], t.scrape_duration_seconds)
     for reason, n in t.errors.items():
@@ -117,3 +123,48 @@ def _add_capacity(fams: dict[str, _Metric], labels: list[str], d: Diagnosis) -> 
         fams["kvwatch_capacity_sequences_effective"].add_metric(labels, d.capacity_sequences_effective)
     if d.demand_sequences is not None:
         fams["kvwatch_demand_sequences"].add_metric(labels, d.demand_sequences)
+
+
+# How many series a label beyond (target, model_name, engine) can take per engine or target (see _add_engine):
+# one limit value per engine whatever its source, LoRA running and waiting.
+_LABEL_VALUES = {
+    "quantile": len(QUANTILES),
+    "reason": len(ScrapeReason),
+    "bottleneck": len(Bottleneck),
+    "confidence": len(Confidence),
+    "action": len(Action),
+    "source": 1,
+    "limit": 3,  # kvwatch_capacity_sequences: kv_cache, max_num_seqs, token_budget (kvwatch/capacity.py)
+}
+_STATE_VALUES = {"kvwatch_kv_cache_pressure": len(KvPressure), "kvwatch_lora_adapters": 2}
+VALUE_CHARS = 24  # the longest float repr: -1.2345678901234567e-308
+
+
+def _series_per_key(f: Family) -> int:
+    n = 1
+    for label in f.labels:
+        if label == "state":
+            n *= _STATE_VALUES[f.name]
+        elif label not in ("target", "model_name", "engine", "version"):
+            n *= _LABEL_VALUES[label]
+    return n
+
+
+def worst_case(targets: int, max_engines: int, target_chars: int) -> tuple[int, int]:
+    """(series, bytes) of kvwatch's own /metrics at most, in the text format: every family at its most series
+    for ``targets`` targets of ``max_engines`` + 1 engines each (the overflow one), every label value as long
+    as it can be and every character escaped (``\\``, twice as long). The README states it for the defaults
+    (docs/generate.py); tests/test_faults.py checks a /metrics that 10,000 engines with 1 MB labels produced."""
+    engines = targets * (max_engines + 1)
+    label_chars = 2 * MAX_LABEL_CHARS  # shortened, then escaped
+    series = size = 0
+    for f in FAMILIES:
+        keys = engines if f.labels[: len(ENGINE)] == ENGINE else targets if "target" in f.labels else 1
+        n = keys * _series_per_key(f)
+        line = len(f.sample_name) + 2 + VALUE_CHARS + 1  # name, braces, space, value, newline
+        for label in f.labels:
+            value = 2 * target_chars if label == "target" else label_chars
+            line += len(label) + 4 + value  # label="value",
+        series += n
+        size += n * line + len(f"# HELP {f.sample_name} {f.help}\n# TYPE {f.sample_name} {f.type}\n") + 64
+    return series, size

@@ -23,15 +23,30 @@ Unknown families are ignored.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from kvwatch.parse import Family, Sample
 
-__all__ = ["CacheConfig", "EngineSnapshot", "Histogram", "KEEP_FAMILIES", "normalize", "OVERFLOW"]
+__all__ = [
+    "CacheConfig",
+    "EngineSnapshot",
+    "Histogram",
+    "KEEP_FAMILIES",
+    "MAX_LABEL_CHARS",
+    "normalize",
+    "OVERFLOW",
+    "short_label",
+]
 
 OVERFLOW = "_overflow"
+# model_name / engine values longer than this are shortened before kvwatch keeps or exports them: a hostile or
+# broken upstream's 1 MB label would otherwise be copied into every kvwatch series, the JSON API and the page.
+# vLLM's model_name is the served name (a Hugging Face id or a path), engine an index: far shorter.
+MAX_LABEL_CHARS = 128
+_DIGEST_CHARS = 16
 
 # canonical name -> vLLM family names, most recent first. The first one present wins.
 GAUGES: dict[str, tuple[str, ...]] = {
@@ -137,6 +152,7 @@ class EngineSnapshot:
     lora_waiting: int | None = None
     max_lora: int | None = None
     sleep_level: int | None = None  # 0 awake, 1 weights offloaded, 2 weights discarded (engine_sleep_state)
+    folded: int = 0  # the overflow snapshot: how many (model_name, engine) pairs beyond max_engines it holds
 
 
 _BOUNDS: dict[str, float] = {}  # "le" label text -> bucket bound; the same few recur on every scrape
@@ -218,6 +234,15 @@ def normalize(families: dict[str, Family], max_engines: int = 64) -> dict[tuple[
     return out
 
 
+def short_label(value: str) -> str:
+    """``value`` if at most MAX_LABEL_CHARS long, else its start, "...", and 16 hex digits of its SHA-256: stable
+    (the same value, the same label on every scrape) and distinct (two long values sharing a start differ)."""
+    if len(value) <= MAX_LABEL_CHARS:
+        return value
+    digest = hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:_DIGEST_CHARS]
+    return f"{value[: MAX_LABEL_CHARS - _DIGEST_CHARS - 3]}...{digest}"
+
+
 def _engine_index(max_engines: int):
     """``snap(labels)`` -> the snapshot a series belongs to, and ``out``, the snapshots by key.
 
@@ -230,11 +255,12 @@ def _engine_index(max_engines: int):
     def snap(labels: dict[str, str]) -> EngineSnapshot:
         raw = (labels.get("model_name", ""), labels.get("engine", "0"))
         s = by_raw.get(raw)
-        if s is None:
-            key = raw if len(by_raw) < max_engines else (OVERFLOW, OVERFLOW)
+        if s is None:  # a new pair: shortened once here, never per sample
+            key = (short_label(raw[0]), short_label(raw[1])) if len(by_raw) < max_engines else (OVERFLOW, OVERFLOW)
             s = out.get(key)
             if s is None:
                 s = out[key] = EngineSnapshot(*key)
+            s.folded += key == (OVERFLOW, OVERFLOW)
             by_raw[raw] = s
         return s
 

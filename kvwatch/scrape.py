@@ -22,21 +22,29 @@ from pathlib import Path
 
 import httpx
 
-from kvwatch.redact import scrub, url_secrets
+from kvwatch.catalog import ScrapeReason
+from kvwatch.redact import redact_url, scrub, url_secrets
 
 __all__ = ["Fetcher", "ScrapeError", "REASONS"]
 
 # The content type of OpenMetrics 1.0, as vLLM's Rust frontend sends it: "application/openmetrics-text;
 # version=1.0.0; charset=utf-8" (gpustack/gpustack#6215; not found in vLLM's Python source).
 OPENMETRICS = "application/openmetrics-text"
-REASONS = ("connect", "timeout", "http_status", "too_large", "decode", "parse", "no_vllm_metrics")
+REASONS = tuple(ScrapeReason)  # the catalogue's, with what each means
+# Enough of a redirect's Location to act on; a hostile one may be kilobytes long.
+MAX_LOCATION_CHARS = 200
+# httpx builds the redirect's request even when it will not follow it (_client.py, _send_handling_redirects ->
+# _build_redirect_request), and raises this for a Location it cannot parse (a bad port, a URL over 64 KB).
+_BAD_LOCATION = "Invalid URL in location header"
+# The start of an HTML document (a login page, a proxy's error page) after optional whitespace: no metrics
+# exposition begins with "<" (a line is a comment, blank, or a metric name).
+_HTML_START = ("<!doctype html", "<html", "<head", "<body", "<?xml")
 
 
 class ScrapeError(Exception):
     def __init__(self, reason: str, detail: str):
-        assert reason in REASONS
+        self.reason = ScrapeReason(reason)  # a reason the catalogue does not list is a bug: ValueError
         super().__init__(f"{reason}: {detail}")
-        self.reason = reason
         self.detail = detail
 
 
@@ -117,6 +125,8 @@ class Fetcher:
             raise ScrapeError("timeout", f"no complete response within {self.cfg.timeout:g}s") from None
         except httpx.HTTPError as e:
             self._discard(url)  # a transport failure: nothing in this pool is worth keeping
+            if isinstance(e, httpx.RemoteProtocolError) and str(e).startswith(_BAD_LOCATION):
+                raise ScrapeError("redirect", "a redirect whose Location is not a valid URL (not followed)") from None
             # Exception text may carry the URL (never our headers): its credentials go.
             text = scrub(str(e), url_secrets(url))
             raise ScrapeError("connect", type(e).__name__ + (f": {text}" if text else "")) from None
@@ -124,8 +134,7 @@ class Fetcher:
     async def _fetch(self, url: str) -> str:
         cap = self.cfg.max_body_bytes
         async with self._client(url).stream("GET", url, headers=self._headers()) as resp:
-            if resp.status_code != 200:
-                raise ScrapeError("http_status", f"HTTP {resp.status_code}")
+            _check_status(resp)
             encoding = resp.headers.get("content-encoding", "identity").lower().strip()
             if encoding not in ("identity", "gzip", ""):
                 raise ScrapeError("decode", f"unsupported Content-Encoding {encoding!r}")
@@ -166,4 +175,25 @@ class Fetcher:
         if openmetrics and not body.rstrip("\n").endswith("# EOF"):
             # OpenMetrics ends with "# EOF": without it the body was cut (a text body cut at a line end looks whole).
             raise ScrapeError("parse", "OpenMetrics body without '# EOF' (truncated?)")
+        if body[:200].lstrip().lower().startswith(_HTML_START):
+            raise ScrapeError("html", "HTTP 200 with an HTML page, not metrics (a login or proxy page?)")
         return body
+
+
+def _check_status(resp: httpx.Response) -> None:
+    """A redirect is not followed (Prometheus' default too): it is named, with where it points (redacted,
+    shortened), so the operator can fix --target. A 200 declared text/html is a login or proxy page."""
+    if resp.is_redirect:
+        try:
+            where = redact_url(resp.headers.get("location", ""))
+        except ValueError:  # not a URL urlsplit reads (e.g. "http://[::1"): nothing safe to show
+            where = "an unparseable Location"
+        if len(where) > MAX_LOCATION_CHARS:
+            where = where[:MAX_LOCATION_CHARS] + "..."
+        raise ScrapeError("redirect", f"HTTP {resp.status_code} to {where!r} (not followed)")
+    if resp.status_code != 200:
+        raise ScrapeError("http_status", f"HTTP {resp.status_code}")
+    if resp.headers.get("content-type", "").lower().startswith(("text/html", "application/xhtml")):
+        raise ScrapeError(
+            "html", "HTTP 200 with an HTML page (Content-Type text/html), not metrics (a login or proxy page?)"
+        )

@@ -82,6 +82,7 @@ class Target:
         # What the scrape loop counts, for kvwatch_up / _scrape_duration_seconds / _scrape_errors_total.
         self.errors = {r: 0 for r in REASONS}
         self.scrape_duration_seconds: float | None = None
+        self.folded_engines = 0  # pairs beyond max_engines in the last good scrape (kvwatch_folded_engines)
         self.diagnosis: TargetDiagnosis | None = None
         # What the status page charts: a few numbers per scrape, bounded (kvwatch.history).
         self.history = TargetHistory(history_seconds, history_samples, max_engines)
@@ -110,6 +111,7 @@ class Target:
         snaps = normalize(families, self.max_engines)
         if not snaps:
             raise NoVllmMetrics("no vLLM series in the response")
+        self.folded_engines = sum(s.folded for s in snaps.values())
         for key, snap in snaps.items():
             hist = self.engines.get(key)
             if hist is None:

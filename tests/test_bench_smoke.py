@@ -99,3 +99,15 @@ def test_check_fails_when_a_ratio_is_over_the_limit():
     proc = _bench("--quick", "--only", "cycle", "--check", "0")
     assert proc.returncode == 1
     assert "cycle/parse-baseline above 0" in proc.stderr
+
+
+@pytest.mark.slow  # ~20 s: four phases of 3 s, 1,000-request waves
+def test_abuse_reports_lateness_by_phase():
+    proc = _bench("abuse", "--seconds", "3", "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(proc.stdout)
+    assert [p["phase"] for p in res["phases"]] == ["baseline", "abuse", "after", "abuse again"]
+    assert all(p["scrapes"] > 0 and p["p99_ms"] is not None and _positive(p["peak_rss_mib"]) for p in res["phases"])
+    abuser = res["phases"][1]["abuser"]
+    assert abuser["waves"] >= 1 and abuser.get("200", 0) + abuser.get("503", 0) > 0, abuser
+    assert abuser.get("oversized_400", 0) > 0, abuser  # the oversized requests reached the parser's limits

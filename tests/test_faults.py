@@ -6,18 +6,25 @@ faults injected on demand; kvwatch's Monitor scrapes it exactly as in production
 
 import asyncio
 import random
+import re
 import time
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvwatch.app import Monitor
+from kvwatch.catalog import ScrapeReason
 from kvwatch.config import load_settings
-from kvwatch.export import KvwatchCollector
+from kvwatch.export import KvwatchCollector, worst_case
+from kvwatch.normalize import MAX_LABEL_CHARS, OVERFLOW
 from kvwatch.scrape import FetchConfig, Fetcher, ScrapeError
+from tests.fault_table import ALL, UPSTREAM
 from tests.helpers.fake_vllm import FakeVllm, bomb
 from tests.helpers.recordings import captures
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 class Clock:
@@ -68,17 +75,7 @@ async def good_scrapes(m, clock, n):
 
 ENGINE = {"engine": "0", "model_name": "tiny-llama-dummy"}
 
-FAULTS = [
-    ("status", "http_status"),
-    ("slow", "timeout"),
-    ("drip", "timeout"),
-    ("truncate", "parse"),
-    ("garbage", "decode"),
-    ("html", "parse"),
-    ("metadata_only", "no_vllm_metrics"),
-    ("bomb", "too_large"),
-    ("huge", "too_large"),
-]
+FAULTS = [(f.id, f.reason) for f in UPSTREAM]  # tests/fault_table.py: the README's fault table comes from it
 
 
 @pytest.mark.parametrize("mode, reason", FAULTS, ids=[f[0] for f in FAULTS])
@@ -87,7 +84,7 @@ async def test_fault_sets_up_0_counts_reason_and_recovers(monitor, upstream, mod
     # slow and drip last 30 s, sixty times the 0.5-s deadline: a fetch that ignored the deadline would take
     # them whole, one that keeps it ends in 0.5 s; the bound below sits between, far from both.
     upstream.delay = 30.0
-    if mode == "huge":
+    if mode in ("huge", "flood"):
         # This case and bomb are about the cap, not the deadline: 5 s, so that a starved machine (CI at load 10,
         # pytest-xdist beside it) cannot turn a too_large into a timeout before the first MB arrives.
         m.fetcher.cfg = type(m.fetcher.cfg)(5.0, 1_000_000)  # a 20 MB body against a 1 MB cap
@@ -100,12 +97,21 @@ async def test_fault_sets_up_0_counts_reason_and_recovers(monitor, upstream, mod
     assert value(metrics, "kvwatch_bottleneck", bottleneck="kv_cache", **ENGINE) == 1.0
 
     upstream.mode = mode
+    requests = upstream.requests
     started = time.monotonic()
     await good_scrapes(m, clock, 1)
-    assert time.monotonic() - started < 15.0  # bounded by the deadline (0.5 or 5 s), never the fault's 30 s
+    # Bounded by the deadline (0.5 or 5 s), never the fault's 30 s (or never, for endless and flood).
+    assert time.monotonic() - started < 15.0
     metrics = render(m)
     assert value(metrics, "kvwatch_up") == 0.0
     assert value(metrics, "kvwatch_scrape_errors_total", reason=reason) == 1.0
+    assert sum(v for k, v in metrics.items() if k[0] == "kvwatch_scrape_errors_total") == 1.0  # that reason only
+    error = m.targets[upstream.url].last_error
+    if mode == "redirect":
+        assert upstream.requests == requests + 1  # not followed
+        assert "302" in error and "sso.example/login" in error and "hunter2" not in error and "abc" not in error
+    if reason == "html":
+        assert "HTML page" in error
     # Still fresh (one bad scrape is within stale-after): the last good values remain, correctly labelled.
     assert value(metrics, "kvwatch_requests_waiting", **ENGINE) is not None
 
@@ -276,3 +282,73 @@ async def test_the_scrape_loop_keeps_schedule_through_faults(upstream):
     # One scrape at start, then one per 0.2 s tick of the time that really passed (a loaded machine stretches
     # the sleeps): missed ticks are skipped, never bunched after the slow ones; +1 for the clocks' edges.
     assert m.scrapes <= elapsed / 0.2 + 2, (m.scrapes, round(elapsed, 2))
+
+
+def _engines_body(pairs: int, label=lambda i: (f"m{i % 100}", str(i // 100))) -> str:
+    """A real capture, then ``pairs`` more (model_name, engine) pairs with their queue gauges."""
+    lines = []
+    for i in range(pairs):
+        model, engine = label(i)
+        for name in ("vllm:num_requests_running", "vllm:num_requests_waiting"):
+            lines.append(f'{name}{{engine="{engine}",model_name="{model}"}} 1.0')
+    return captures("kv_cache")[15] + "\n".join(lines) + "\n"
+
+
+async def test_10000_engines_fold_into_overflow_and_own_metrics_stay_bounded(monitor, upstream):
+    m, clock = monitor
+    upstream.serve(_engines_body(10_000))
+    m.fetcher.cfg = type(m.fetcher.cfg)(10.0, 16 << 20)  # about the cap on engines, not the deadline
+    await good_scrapes(m, clock, 3)
+    metrics = render(m)
+    max_engines = m.settings.max_engines
+    assert value(metrics, "kvwatch_up") == 1.0
+    # The capture's engine comes first and is kept; 10,000 + 1 pairs, max_engines kept, the rest folded.
+    assert value(metrics, "kvwatch_folded_engines") == 10_001 - max_engines
+    assert value(metrics, "kvwatch_requests_waiting", **ENGINE) == 66.0
+    engines = {dict(k[1]).get("engine") + "/" + dict(k[1]).get("model_name") for k in metrics if "engine" in dict(k[1])}
+    assert len(engines) == max_engines + 1 and f"{OVERFLOW}/{OVERFLOW}" in engines
+    # The folded engines' queues add up in _overflow: 2 x 1.0 per pair for running + waiting, counted once each.
+    assert value(metrics, "kvwatch_requests_running", engine=OVERFLOW, model_name=OVERFLOW) == 10_001 - max_engines
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(KvwatchCollector(lambda: m.targets.values(), lambda: 1))
+    text = generate_latest(reg)
+    series = sum(1 for line in text.splitlines() if line and not line.startswith(b"#"))
+    bound = worst_case(1, max_engines, len(m.targets[upstream.url].target))
+    assert series <= bound[0] and len(text) <= bound[1], (series, len(text), bound)
+
+
+async def test_1mb_label_values_are_shortened_stably(monitor, upstream):
+    m, clock = monitor
+    big = "m" * (1 << 20)
+    long_engine = "e" * (1 << 20)
+    # Two 1 MB model names that differ only at the end: still two engines, with two labels.
+    upstream.serve(_engines_body(2, lambda i: (big + str(i), long_engine)))
+    m.fetcher.cfg = type(m.fetcher.cfg)(10.0, 16 << 20)
+    await good_scrapes(m, clock, 2)
+    first = render(m)
+    await good_scrapes(m, clock, 1)
+    second = render(m)
+    labels = {dict(k[1])["model_name"] for k in second if k[0] == "kvwatch_requests_running"}
+    assert len(labels) == 3 and "tiny-llama-dummy" in labels  # the capture's engine and the two long ones
+    long = labels - {"tiny-llama-dummy"}
+    assert all(len(v) == MAX_LABEL_CHARS and v.startswith("mmmm") and re.search(r"\.\.\.[0-9a-f]{16}$", v) for v in long)
+    assert {dict(k[1])["model_name"] for k in first if k[0] == "kvwatch_requests_running"} == labels  # stable
+    assert all(len(dict(k[1]).get("engine", "")) <= MAX_LABEL_CHARS for k in second)
+    assert max(len(str(m.diagnosis_json())), 0) < 100_000  # the JSON API carries the short form too
+
+
+@pytest.mark.parametrize("location", ["http://[::1", "/" + "x" * 100_000, ""])
+async def test_a_hostile_redirect_location_is_a_redirect_error_kept_short(monitor, upstream, location):
+    m, clock = monitor
+    upstream.mode, upstream.redirect_to = "redirect", location
+    await good_scrapes(m, clock, 1)
+    t = m.targets[upstream.url]
+    assert t.errors["redirect"] == 1 and len(t.last_error) < 300, t.last_error
+
+
+def test_the_fault_table_names_real_tests_and_covers_every_reason():
+    for f in ALL:
+        path, _, name = f.test.partition("::")
+        assert f"def {name}(" in (REPO / path).read_text(), f"{f.id}: {f.test} does not exist"
+    assert {f.reason for f in ALL} - {None} == set(ScrapeReason), "a scrape error reason without a fault test"
+    assert len({f.id for f in ALL}) == len(ALL)

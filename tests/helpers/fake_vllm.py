@@ -25,8 +25,12 @@ never-resetting server - as a vLLM under constant load would look. Gauges are se
 
 ``mode``: ``ok`` (the body; gzipped when the client accepts it if ``gzip_when_accepted``, as vLLM's
 prometheus_client app does), ``status`` (``status``, default 500), ``slow`` (the body after ``delay`` s),
-``drip`` (headers at once, then 200 bytes over ``delay`` seconds), ``truncate``, ``garbage``, ``html``, ``gzip`` (always),
-``bomb`` (256 MiB of zeros in ~250 KiB of gzip), ``huge`` (20 MB of comment lines), ``metadata_only``.
+``drip`` (headers at once, then 200 bytes over ``delay`` seconds), ``trickle`` (headers at once, then 1 byte/s for
+``delay`` s), ``endless`` (a chunked body of valid metric lines that never ends, a line every 10 ms), ``flood`` (the
+same, 64 KiB chunks as fast as the socket takes them), ``redirect`` (302 to ``redirect_to``, a URL with
+credentials), ``login`` (a 200 text/html login page), ``truncate``, ``garbage``, ``html`` (an HTML page served as
+text/plain), ``gzip`` (always), ``bomb`` (256 MiB of zeros in ~250 KiB of gzip), ``huge`` (20 MB of comment lines),
+``metadata_only``.
 Every request is counted: ``requests``, ``arrivals`` (``time.monotonic()``), ``auth_headers``.
 ``handle`` is the ``/metrics`` handler, for an app serving several fakes (bench/server.py).
 """
@@ -70,6 +74,7 @@ class FakeVllm:
         self.mode = "ok"
         self.status = 500
         self.delay = 5.0
+        self.redirect_to = "http://admin:hunter2@sso.example/login?token=abc&next=/metrics"
         self.requests = 0
         self.arrivals: list[float] = []
         self.auth_headers: list[str | None] = []
@@ -135,6 +140,14 @@ class FakeVllm:
                 await resp.write(ch.encode())
                 await asyncio.sleep(self.delay / 200)
             return resp
+        if mode in ("trickle", "endless", "flood"):
+            return await self._stream(request, mode)
+        if mode == "redirect":
+            return web.Response(status=302, headers={"Location": self.redirect_to})
+        if mode == "login":
+            # Not starting with a tag: the Content-Type is what names it (README "Faults").
+            page = "Sign in to continue\n<form action=/login><input name=password></form>\n"
+            return web.Response(text=page, content_type="text/html")
         if mode == "truncate":
             body = self.next_body()
             return web.Response(text=body[: len(body) // 2 + 7], headers={"Content-Type": self.content_type})
@@ -151,6 +164,22 @@ class FakeVllm:
         if mode == "metadata_only":
             return web.Response(text="# HELP vllm:num_requests_running x\n# TYPE vllm:num_requests_running gauge\n")
         return self._ok(request)
+
+    async def _stream(self, request: web.Request, mode: str) -> web.StreamResponse:
+        """Headers at once, then a body that trickles (1 byte/s for ``delay`` s) or never ends (chunked)."""
+        resp = web.StreamResponse(headers={"Content-Type": CONTENT_TYPE})
+        resp.enable_chunked_encoding()
+        await resp.prepare(request)
+        if mode == "trickle":
+            for ch in self.next_body()[: max(1, int(self.delay))]:
+                await resp.write(ch.encode())
+                await asyncio.sleep(1.0)
+            return resp
+        line = b'vllm:num_requests_running{engine="0",model_name="endless"} 1.0\n'
+        chunk, pause = (line * (65536 // len(line)), 0.0) if mode == "flood" else (line, 0.01)
+        while True:  # until the client goes away: aiohttp then fails the write
+            await resp.write(chunk)
+            await asyncio.sleep(pause)
 
     def _ok(self, request: web.Request) -> web.Response:
         body = self.next_body()
