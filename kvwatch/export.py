@@ -24,7 +24,7 @@ from prometheus_client.registry import Collector
 from kvwatch import __version__
 from kvwatch.catalog import ENGINE, FAMILIES, Action, Bottleneck, Confidence, Family, KvPressure, ScrapeReason
 from kvwatch.diagnose import Diagnosis
-from kvwatch.normalize import MAX_LABEL_CHARS
+from kvwatch.normalize import KV_FETCH_STAGES, MAX_LABEL_CHARS, MAX_REJECTION_REASONS
 from kvwatch.state import Target
 from kvwatch.window import QUANTILES
 
@@ -137,13 +137,20 @@ _LABEL_VALUES = {
     "limit": 3,  # kvwatch_capacity_sequences: kv_cache, max_num_seqs, token_budget (kvwatch/capacity.py)
 }
 _STATE_VALUES = {"kvwatch_kv_cache_pressure": len(KvPressure), "kvwatch_lora_adapters": 2}
+# Per-family label counts where a label name means different things (reason: scrape errors vs admission).
+_FAMILY_VALUES = {
+    ("kvwatch_rejections_per_second", "reason"): MAX_REJECTION_REASONS,
+    ("kvwatch_kv_fetch_requests", "stage"): len(KV_FETCH_STAGES),
+}
 VALUE_CHARS = 24  # the longest float repr: -1.2345678901234567e-308
 
 
 def _series_per_key(f: Family) -> int:
     n = 1
     for label in f.labels:
-        if label == "state":
+        if (f.name, label) in _FAMILY_VALUES:
+            n *= _FAMILY_VALUES[(f.name, label)]
+        elif label == "state":
             n *= _STATE_VALUES[f.name]
         elif label not in ("target", "model_name", "engine", "version"):
             n *= _LABEL_VALUES[label]

@@ -80,6 +80,9 @@ LORA_INFO = "vllm:lora_requests_info"
 SLEEP_STATE = "vllm:engine_sleep_state"
 ADMISSION_REJECTIONS = "vllm:admission_rejections"  # a counter: the family name without _total
 REJECTIONS = "admission_rejections:"  # + reason: the snapshot's counter key
+# vLLM's reasons (max_num_queued_reqs, max_num_queued_tokens) and room for a few more; any further distinct
+# reason an upstream sends is counted under "other", so kvwatch's own /metrics stays bounded (export.worst_case).
+MAX_REJECTION_REASONS = 4
 KV_FETCH = "vllm:num_requests_kv_fetch_by_stage"  # 0.33, a P/D decode engine (kv_consumer) only
 KV_FETCH_STAGES = ("waiting_to_start", "in_progress", "completed_waiting")  # 0.33 v1/metrics/stats.py
 
@@ -438,9 +441,16 @@ def _apply_admission_rejections(fam: Family | None, out: dict[tuple[str, str], E
         reason = smp.labels.get("reason")
         if not reason or not smp.name.endswith("_total") or not math.isfinite(smp.value):
             continue
-        key = REJECTIONS + reason
         for s in _in_scope(out, smp.labels.get("model_name"), smp.labels.get("engine")):
+            key = REJECTIONS + _bounded_reason(s.counters, reason)
             s.counters[key] = s.counters.get(key, 0.0) + smp.value
+
+
+def _bounded_reason(counters: dict[str, float], reason: str) -> str:
+    seen = sum(1 for k in counters if k.startswith(REJECTIONS))
+    if REJECTIONS + reason in counters or seen < MAX_REJECTION_REASONS - 1:
+        return reason if len(reason) <= 64 else reason[:64]
+    return "other"
 
 
 def _read_prompt_external(fam: Family | None, snap) -> None:

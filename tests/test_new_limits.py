@@ -321,3 +321,16 @@ def test_requests_holding_about_their_own_tokens_are_not_named_kv_cache_by_footp
     d = diagnose_engine(footprint_history(kv_per_request=0.008), Hints(max_num_seqs=4))
     assert d.bottleneck is not Bottleneck.KV_CACHE
     assert not any("running requests holds" in e for e in d.evidence)
+
+
+def test_an_upstream_cannot_grow_the_rejection_reasons_without_bound():
+    """Reasons are vLLM's label values: beyond MAX_REJECTION_REASONS distinct ones per engine, "other"."""
+    from kvwatch.normalize import MAX_REJECTION_REASONS, REJECTIONS, keep_family, normalize
+    from kvwatch.parse import parse
+
+    lines = ["# TYPE vllm:num_requests_running gauge", 'vllm:num_requests_running{engine="0",model_name="m"} 1',
+             "# TYPE vllm:admission_rejections_total counter"]
+    lines += [f'vllm:admission_rejections_total{{model_name="m",reason="r{i}"}} 1' for i in range(1000)]
+    (snap,) = normalize(parse("\n".join(lines) + "\n", keep_family)).values()
+    reasons = {k for k in snap.counters if k.startswith(REJECTIONS)}
+    assert len(reasons) == MAX_REJECTION_REASONS and snap.counters[REJECTIONS + "other"] == 1000 - 3
