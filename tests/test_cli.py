@@ -13,6 +13,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from kvwatch.catalog import Bottleneck
 from tests.helpers.fake_vllm import FakeVllm
 from tests.helpers.ports import free_port
 from tests.helpers.recordings import FIXTURES
@@ -78,7 +79,15 @@ async def test_run_serves_metrics_diagnosis_and_probes():
                 for _ in range(60):
                     text = (await c.get(base + "/metrics")).text
                     m = samples(text)
-                    key = ("kvwatch_bottleneck", (("bottleneck", "kv_cache"), ("engine", "0"), ("model_name", "tiny-llama-dummy"), ("target", up.url)))
+                    key = (
+                        "kvwatch_bottleneck",
+                        (
+                            ("bottleneck", "kv_cache"),
+                            ("engine", "0"),
+                            ("model_name", "tiny-llama-dummy"),
+                            ("target", up.url),
+                        ),
+                    )
                     if m.get(key) == 1.0:
                         break
                     await asyncio.sleep(0.25)
@@ -87,10 +96,18 @@ async def test_run_serves_metrics_diagnosis_and_probes():
                 assert m[("kvwatch_up", (("target", up.url),))] == 1.0
                 assert m[("kvwatch_build_info", (("version", "0.1.0"),))] == 1.0
                 states = [v for (n, lbl), v in m.items() if n == "kvwatch_bottleneck"]
-                assert sorted(states) == [0.0] * 6 + [1.0]
+                assert sorted(states) == [0.0] * (len(Bottleneck) - 1) + [1.0]
                 recs = {dict(lbl)["action"] for (n, lbl), v in m.items() if n == "kvwatch_recommendation"}
                 assert "fp8_kv_cache" in recs
-                assert m[("kvwatch_kv_cache_capacity_tokens", (("engine", "0"), ("model_name", "tiny-llama-dummy"), ("target", up.url)))] == 2048
+                assert (
+                    m[
+                        (
+                            "kvwatch_kv_cache_capacity_tokens",
+                            (("engine", "0"), ("model_name", "tiny-llama-dummy"), ("target", up.url)),
+                        )
+                    ]
+                    == 2048
+                )
 
                 r = await c.get(base + "/api/v1/diagnosis")
                 doc = r.json()
@@ -145,7 +162,9 @@ async def test_record_then_replay(tmp_path):
         assert proc.returncode == 0, err
         files = sorted(tmp_path.glob("*.prom"))
         # one scrape per 0.5 s tick for 3 s (a loaded machine can time some out: they are attempts, not files)
-        saved, failed = map(int, re.search(r"recorded (\d+) snapshots .* \((\d+) failed scrapes\)", out.decode()).groups())
+        saved, failed = map(
+            int, re.search(r"recorded (\d+) snapshots .* \((\d+) failed scrapes\)", out.decode()).groups()
+        )
         assert 4 <= saved + failed <= 8 and len(files) == saved >= 1, (saved, failed, len(files))
         assert all(float(f.name[:-5]) > 1.7e9 for f in files)
         assert files[0].read_text() == up.bodies[12]
@@ -177,7 +196,9 @@ async def test_diagnose_live_url():
 
 def test_replay_timeline_is_one_json_per_snapshot():
     d = FIXTURES / "kv_cache"
-    r = subprocess.run([*KVWATCH, "diagnose", "--replay", str(d), "--timeline"], capture_output=True, text=True, env=env(), timeout=60)
+    r = subprocess.run(
+        [*KVWATCH, "diagnose", "--replay", str(d), "--timeline"], capture_output=True, text=True, env=env(), timeout=60
+    )
     assert r.returncode == 0, r.stderr
     lines = [json.loads(x) for x in r.stdout.splitlines()]
     assert len(lines) == len(list(d.glob("*.prom")))
@@ -186,7 +207,13 @@ def test_replay_timeline_is_one_json_per_snapshot():
 
 
 def test_replay_text_report():
-    r = subprocess.run([*KVWATCH, "diagnose", "--replay", str(FIXTURES / "kv_cache")], capture_output=True, text=True, env=env(), timeout=60)
+    r = subprocess.run(
+        [*KVWATCH, "diagnose", "--replay", str(FIXTURES / "kv_cache")],
+        capture_output=True,
+        text=True,
+        env=env(),
+        timeout=60,
+    )
     assert r.returncode == 0
     assert "worst moment" in r.stdout and "=> fp8_kv_cache" in r.stdout
 
