@@ -81,3 +81,26 @@ def test_past_preemptions_do_not_name_kv_once_it_has_drained(offset):
             seen.append((round(sim.now - sim.phase_start, 1), str(engine.bottleneck)))
     late = [b for since, b in seen if since > CASES["tour"][1]["recovery"][1]]
     assert late and set(late) == {"none"}, seen
+
+
+@pytest.mark.parametrize("hinted", [False, True], ids=["no-hints", "hints"])
+def test_a_prefill_only_queue_at_low_kv_is_the_token_budget(hinted):
+    """llm-d/llm-d-autoscaling#662's prefill-only run: an H100, 6000 input and 2 output tokens per request, 8
+    requests/s, --max-num-batched-tokens 65000; Waiting grew constantly while Running sat at ~20 and KV at ~32 %,
+    so a KV-usage signal never called it saturated. Here (Llama 3.1 8B's H100 preset with those flags and that
+    load) prefill paces admission: token_budget, never kv_cache or a sequence ceiling, with KV well below half."""
+    sc = load_scenario("gpu_healthy", overrides={
+        "engine": {"max_num_batched_tokens": 65000},
+        "workload": {"rate": 8.0, "prompt_tokens": 6000, "output_tokens": 2, "ignore_eos": True, "max_outstanding": 5000}})
+    cfg = sc.phases[0].engine
+    hints = Hints(cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_model_len) if hinted else Hints()
+    sim, target = Simulator(sc, seed=11, wall_start=1.8e9), Target("sim://662", hints=hints)
+    seen = []
+    for k in range(1, 61):
+        sim.advance_to(float(k))
+        target.observe_body(sim.virtual_time, render(sim))
+        (engine,) = target.diagnose(sim.virtual_time).engines
+        seen.append((k, str(engine.bottleneck), engine.signals.kv.usage_ratio, engine.signals.queue.waiting))
+    settled = [b for k, b, _, _ in seen if k > 15]
+    assert settled.count("token_budget") >= 0.9 * len(settled) and not {"kv_cache", "max_num_seqs"} & set(settled), seen
+    assert max(kv for _, _, kv, _ in seen) < 0.5 and seen[-1][3] > seen[20][3] > 0, seen  # KV low, the queue grows
