@@ -156,7 +156,7 @@ def _n(x: float | None) -> str:
 
 
 SENTENCES: dict[str, str] = {
-    "asleep": (
+    "sleeping": (
         "vLLM's engine_sleep_state says the engine sleeps ({level_text}) with {running!n} running and {waiting!n} "
         "waiting: it serves nothing until woken (POST /wake_up), which no flag of this engine changes"
     ),
@@ -307,7 +307,7 @@ def asleep(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
     if not s.capacity.asleep:
         return None
     level = _SLEEP_LEVEL_TEXT.get(s.capacity.sleep_level or 0, "sleep level unknown")
-    fact = ("asleep", {"level_text": level, "running": _running(s), "waiting": _waiting(s)})
+    fact = ("sleeping", {"level_text": level, "running": _running(s), "waiting": _waiting(s)})
     return Verdict(Bottleneck.ASLEEP, [fact], reason="vLLM's engine_sleep_state reads asleep")
 
 

@@ -120,10 +120,14 @@ def observation(tmp_path_factory) -> Observation:
     return observe_and_print(tmp_path_factory, CPU_PRESETS)
 
 
-@pytest.mark.parametrize("preset", CPU_PRESETS)
-def test_preset_is_diagnosed_as_named(observation, preset):
+def assert_named(observation: Observation, preset: str) -> None:
     speed, expected = CASES[preset]
     polls = observation.polls[preset]
     assert polls, f"no diagnosis for {preset}; kvwatch log:\n{observation.log[-3000:]}"
     checked = judge(preset, polls, speed, expected)
     assert checked >= len(expected), f"{preset}: only {checked} phase visits long enough to judge"
+
+
+@pytest.mark.parametrize("preset", CPU_PRESETS)
+def test_preset_is_diagnosed_as_named(observation, preset):
+    assert_named(observation, preset)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers.sim_judge import CASES, judge
-from tests.test_sim_diagnosis import Observation, observe_and_print
+from tests.helpers.sim_judge import CASES
+from tests.test_sim_diagnosis import Observation, assert_named, observe_and_print
 
 pytestmark = pytest.mark.slow  # real time: one kvwatch process and nine simulators for ~40 s
 
@@ -21,7 +21,4 @@ def observation(tmp_path_factory) -> Observation:
 
 @pytest.mark.parametrize("preset", GPU_PRESETS)
 def test_gpu_preset_is_diagnosed_as_named(observation, preset):
-    speed, expected = CASES[preset]
-    polls = observation.polls[preset]
-    assert polls, f"no diagnosis for {preset}; kvwatch log:\n{observation.log[-3000:]}"
-    assert judge(preset, polls, speed, expected) >= len(expected), f"{preset}: too few phase visits to judge"
+    assert_named(observation, preset)
