@@ -271,7 +271,8 @@ class Thresholds:
     min_queue_samples: int = 2
     # A Running plateau (the inferred max_num_seqs): the latest plateau_samples samples all have a queue, at
     # least plateau_share of them read Running's window maximum (within plateau_tolerance of it), Running
-    # neither rises nor falls over them, and requests were admitted meanwhile. Real vLLM's 1-s Running
+    # neither falls over them nor rises to a new maximum (a rise back to one it held earlier in the same queue
+    # is a return from a dip), and requests were admitted meanwhile. Real vLLM's 1-s Running
     # reads a slot or three low while a finished request's successor is not yet counted
     # (max_num_seqs_running_dips: 4 4 3 4 4 1 4 at a ceiling of 4; the simulator's tour 30-32 of 32), so 3
     # of 5 near the maximum is a plateau. 5 samples fit a 10-s window at 1-s scrapes; kvwatch logs use 2

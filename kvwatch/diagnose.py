@@ -589,9 +589,13 @@ def full_steps(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
 def near_configured_ceiling(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
     """Running reads below the ceiling now but came close to it while requests waited, with KV and token
     budget to spare: real vLLM's 1-s Running samples read low (one request finishing, the next not yet
-    counted) while every slot is in use."""
+    counted) while every slot is in use. Near it *now* (its last RECENT samples), not only earlier in the
+    window: the tour's token_budget phase read Running 2-3 of 32 with 27 waiting for 9 s after the previous
+    phase's peak of 32; and with a queue, not one request caught between arrival and admission (the
+    stalled preset's serving phase named the ceiling on that, scraped at 0.5 and 0.7 s into the second)."""
     ceiling, peak = hints.max_num_seqs, s.queue.running_max_waiting or 0.0
-    if not ceiling or peak < max(1.0, th.near_ceiling_share * ceiling):
+    near = max(1.0, th.near_ceiling_share * ceiling) if ceiling else 0.0
+    if not ceiling or min(peak, s.queue.running_recent_max or 0.0) < near or _waiting(s) < th.brief_queue_requests:
         return None
     fact = (
         "near_configured_ceiling",
@@ -836,14 +840,19 @@ class _Plateau:
 
 def _plateau(s: Signals, th: Thresholds) -> _Plateau | None:
     """Running at its window maximum (within ``plateau_tolerance``) in at least ``plateau_share`` of the latest
-    ``plateau_samples`` samples, every one with a queue, neither rising nor falling over them, prefill
+    ``plateau_samples`` samples, every one with a queue, not falling over them nor rising to a new maximum, prefill
     completed between the first and the last (slots turned over), and tokens still generated at the end."""
     n, peak = max(2, th.plateau_samples), s.queue.running_max_waiting
     pts = s.queue.streak[-n:]
     if len(pts) < n or not peak:
         return None
-    at_max = _at_max(pts, peak, th)
-    if at_max < math.ceil(th.plateau_share * n - 1e-9) or _trend(pts, peak, th) != 0:
+    at_max, trend = _at_max(pts, peak, th), _trend(pts, peak, th)
+    if at_max < math.ceil(th.plateau_share * n - 1e-9) or trend < 0:
+        return None
+    if trend > 0 and not _at_max(s.queue.streak[:-n], peak, th):
+        # A rise to a maximum Running already held earlier in the same queue is a return from a dip, not a
+        # climb: requests that start and end together leave every slot at once, and real vLLM at
+        # --max-num-seqs 4 read Running 1, 3, 4, 4, 4 with 40-64 waiting after reading 4 (e2e, 2-core CPU).
         return None
     a, b = pts[0].prompt_tokens, pts[-1].prompt_tokens
     if a is None or b is None or b <= a:  # nothing admitted: one long request, not a ceiling shown

@@ -143,6 +143,33 @@ def test_1_in_kvwatch_logs_iteration_details_showing_room_in_the_steps_name_no_b
     assert last.bottleneck == Bottleneck.NONE and "admission in progress" in last.evidence[0]
 
 
+def lockstep(running):
+    """Real vLLM at --max-num-seqs 4, a 2-core CPU, a burst of 300 + 150-token requests (e2e test_max_num_seqs,
+    session 7's ciA timeline): waves of 4 start and end together, so 1-s samples of Running drop to 1 or 3 as a
+    wave ends and return to 4, 60-100 waiting, KV near 5 %, each wave's prefill counted, ~8 steps of ~12 tokens."""
+    return [{"running": r, "waiting": 100 - 4 * t, "kv": 0.05, "prompt": 400.0 if r < 4 else 100.0, "gen": 8.0 * r,
+             "steps": 8.0, "step_tokens": 12.0} for t, r in enumerate(running)]
+
+
+def test_1_running_back_at_the_maximum_it_held_after_a_lockstep_dip_is_the_ceiling_inferred():
+    # The latest 5 read 1 3 4 4 4: by slope a rise, but to the 4 Running held before the dip (before this
+    # change: none, "no limit identified", in 6 of 9 saturated samples of a real e2e run).
+    s = metrics_history(lockstep([4, 4, 4, 4, 4, 4, 1, 3, 4, 4, 4]))
+    d = diagnose_engine(s)
+    assert deciding_rule(s) == "running_plateau", text(d)
+    assert d.bottleneck == Bottleneck.MAX_NUM_SEQS and d.max_num_seqs == (4, "inferred"), text(d)
+
+
+def test_1_the_same_samples_climbing_to_a_maximum_for_the_first_time_infer_no_ceiling():
+    # The same latest 5, but Running never read 4 before them: a climb that has just arrived, not yet a plateau.
+    s = metrics_history(lockstep([1, 1, 1, 1, 1, 1, 1, 3, 4, 4, 4]))
+    d = diagnose_engine(s)
+    assert d.bottleneck != Bottleneck.MAX_NUM_SEQS and d.max_num_seqs is None, text(d)
+    # and falling from the maximum stays no plateau either, earlier maximum or not
+    s = metrics_history(lockstep([4, 4, 4, 4, 4, 4, 4, 4, 4, 3, 1]))
+    assert diagnose_engine(s).bottleneck != Bottleneck.MAX_NUM_SEQS, text(diagnose_engine(s))
+
+
 # ------------------------------------------------------------------------------------------- 2. one request
 
 

@@ -221,7 +221,7 @@ async def drive_load(
     *,
     num_requests: int,
     input_len: int,
-    output_len: int,
+    output_len: int | tuple[int, int],
     vocab_size: int,
     concurrency: int | None = None,
     request_rate: float | None = None,
@@ -229,7 +229,9 @@ async def drive_load(
     seed: int = 0,
 ) -> LoadResult:
     """Send ``num_requests`` completions of exactly ``input_len`` random prompt tokens (token-id prompts, so no
-    tokenizer is needed and the prefix cache never hits) and ``output_len`` generated tokens (``ignore_eos``).
+    tokenizer is needed and the prefix cache never hits) and ``output_len`` generated tokens (``ignore_eos``;
+    a ``(low, high)`` pair draws each request's length uniformly, so that requests admitted together do not
+    all finish together).
 
     ``concurrency`` caps requests in flight (None: all at once); ``request_rate`` spaces starts as a Poisson
     process. Bounded in count and in time: whatever is still in flight after ``max_seconds`` is cancelled (the
@@ -243,11 +245,11 @@ async def drive_load(
     async with httpx.AsyncClient(base_url=base_url, timeout=httpx.Timeout(max_seconds + 30),
                                  limits=limits) as client:
 
-        async def one(i: int, prompt: list[int]) -> None:
+        async def one(i: int, prompt: list[int], max_tokens: int) -> None:
             async def call() -> None:
                 res.sent += 1
                 r = await client.post("/v1/completions", json={
-                    "model": MODEL_NAME, "prompt": prompt, "max_tokens": output_len,
+                    "model": MODEL_NAME, "prompt": prompt, "max_tokens": max_tokens,
                     "ignore_eos": True, "temperature": 0.0, "stream": False,
                 })
                 if r.status_code != 200:
@@ -273,7 +275,8 @@ async def drive_load(
             tasks = []
             for i in range(num_requests):
                 prompt = [rng.randrange(2, vocab_size) for _ in range(input_len)]
-                tasks.append(asyncio.create_task(one(i, prompt)))
+                n = rng.randint(*output_len) if isinstance(output_len, tuple) else output_len
+                tasks.append(asyncio.create_task(one(i, prompt, n)))
                 if request_rate:
                     await asyncio.sleep(rng.expovariate(request_rate))
             return tasks
