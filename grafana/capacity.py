@@ -172,6 +172,28 @@ def concurrency_vs_running() -> JSON:
     )
 
 
+def capacity_by_limit() -> JSON:
+    return timeseries(
+        "Capacity by limit vs demand",
+        "Per engine: the sequences each limit lets it hold at the observed lengths (`kvwatch_capacity_sequences`: "
+        "KV cache, max_num_seqs, token budget, LoRA slots while they are full), the smallest of them (the "
+        "effective capacity, dashed) and the demand (Running + Waiting). What the autoscaling rules size "
+        "replicas on.",
+        "Demand above the effective capacity: requests queue on the limit named there. When that limit is "
+        "`max_num_seqs` or `max_loras` and the next one is far higher, raise the flag before adding a GPU "
+        "(KvwatchScaleOutNotNeeded); `kv_cache` or `token_budget`: add replicas or KV memory.",
+        [
+            query(ENGINE.agg("max", "kvwatch_capacity_sequences", by=BY_ENGINE + ", limit"),
+                  "{{limit}} · " + ENGINE_LEGEND),
+            query(ENGINE.agg("max", "kvwatch_capacity_sequences_effective", by=BY_ENGINE),
+                  "effective · " + ENGINE_LEGEND),
+            query(ENGINE.agg("max", "kvwatch_demand_sequences", by=BY_ENGINE), "demand · " + ENGINE_LEGEND),
+        ],
+        unit="none",
+        overrides=[dashed_series("^effective.*")],
+    )
+
+
 def headroom() -> JSON:
     return timeseries(
         "Concurrency headroom",
@@ -235,7 +257,7 @@ def build() -> JSON:
     for panel in (capacity_and_free(), pressure(), seconds_to_full(), prefix_hits()):
         layout.add(panel, 12, 8)
     layout.row("Concurrency")
-    for panel in (concurrency_vs_running(), headroom(), sequence_tokens(), lora_adapters()):
+    for panel in (concurrency_vs_running(), capacity_by_limit(), headroom(), sequence_tokens(), lora_adapters()):
         layout.add(panel, 12, 8)
     layout.row("Admission")
     for panel in (rejections(),):
@@ -244,7 +266,8 @@ def build() -> JSON:
         "kvwatch-capacity",
         "kvwatch / Capacity",
         "How much the KV cache holds and how close it is to full: capacity and free tokens, estimated "
-        "max concurrency and headroom, mean sequence length, the time-to-full forecast, prefix-cache "
+        "max concurrency and headroom, capacity by limit against demand, mean sequence length, the "
+        "time-to-full forecast, prefix-cache "
         "hits, LoRA adapters, and requests rejected by the queue caps.",
         layout,
         kvwatch_variables(),

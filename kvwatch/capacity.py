@@ -7,7 +7,12 @@ Each limit says how many sequences the engine holds at the lengths it serves now
 - ``max_num_seqs``: the ceiling itself, configured or inferred (the scheduler admits while
   ``len(self.running) < self.max_num_running_reqs``, ``vllm/v1/core/sched/scheduler.py``);
 - ``token_budget``: ``max_num_batched_tokens x output / (computed prompt + output)``, the steady state
-  ``kvwatch plan`` uses (``kvwatch.plan.budget_sequences``).
+  ``kvwatch plan`` uses (``kvwatch.plan.budget_sequences``);
+- ``max_loras``: while every LoRA slot is taken and other adapters wait (``lora_requests_info``: running adapters
+  at ``max_lora``, waiting adapters named), the sequences running now: with the adapters it can load, that is
+  what the engine holds (the scheduler skips a request whose adapter would exceed max_loras,
+  ``vllm/v1/core/sched/scheduler.py``). Unknown otherwise: how many sequences the slots allow depends on the
+  traffic's adapter mix, which only a full set of slots shows.
 The effective capacity is the smallest (``kvwatch.plan.binding_limit``: KV first among equals). A limit whose
 inputs are unknown is left out, never guessed: no finished request yet means no KV figure.
 
@@ -23,7 +28,7 @@ from kvwatch.catalog import Bottleneck
 from kvwatch.plan import binding_limit, budget_sequences
 from kvwatch.window import Signals
 
-__all__ = ["capacity_sequences", "demand_sequences", "effective_capacity"]
+__all__ = ["capacity_sequences", "demand_sequences", "effective_capacity", "lora_slots_full"]
 
 
 def capacity_sequences(
@@ -38,7 +43,15 @@ def capacity_sequences(
     budget = _budget_sequences(s, max_num_batched_tokens)
     if budget is not None:
         out[Bottleneck.TOKEN_BUDGET] = budget
+    if lora_slots_full(s) and s.queue.running:
+        out[Bottleneck.MAX_LORAS] = s.queue.running
     return out
+
+
+def lora_slots_full(s: Signals) -> bool:
+    """Every LoRA slot holds a running adapter while other adapters wait."""
+    c = s.capacity
+    return bool(c.max_lora and c.lora_waiting and (c.lora_running or 0) >= c.max_lora)
 
 
 def _budget_sequences(s: Signals, budget: int | None) -> float | None:

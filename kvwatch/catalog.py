@@ -280,6 +280,10 @@ class Thresholds:
     plateau_samples: int = 5
     plateau_share: float = 0.6
     plateau_tolerance: float = 0.1
+    # ... or within this many requests of it, whichever is more: at a small ceiling one slot turning over is more
+    # than a tenth (real vLLM at --max-num-seqs 4 with 100-200-token outputs read Running 3 in half its 1-s
+    # samples with 300 waiting, and 4 in the rest: e2e test_max_num_seqs).
+    plateau_slack_requests: float = 1.0
     # Running rises (or falls) when its least-squares change over the samples exceeds the larger of
     # trend_band_requests and plateau_tolerance of its maximum, and the later half's highest and lowest
     # samples are both above the earlier half's (below, for a fall). Those dips move Running by a request
@@ -363,10 +367,9 @@ class Family:
 
 ENGINE = ("target", "model_name", "engine")
 # The limits kvwatch_capacity_sequences reports (its `limit` label), in kvwatch.capacity.
-# max_loras: add it here with its capacity once the catalogue has that bottleneck (branch newlimits).
-CAPACITY_LIMITS = (Bottleneck.KV_CACHE, Bottleneck.MAX_NUM_SEQS, Bottleneck.TOKEN_BUDGET)
-# Limits a flag lifts for free (no GPU): what KvwatchScaleOutNotNeeded looks for. max_loras: add here too.
-FLAG_LIMITS = (Bottleneck.MAX_NUM_SEQS,)
+CAPACITY_LIMITS = (Bottleneck.KV_CACHE, Bottleneck.MAX_NUM_SEQS, Bottleneck.TOKEN_BUDGET, Bottleneck.MAX_LORAS)
+# Limits a flag lifts for free (no GPU): what KvwatchScaleOutNotNeeded looks for.
+FLAG_LIMITS = (Bottleneck.MAX_NUM_SEQS, Bottleneck.MAX_LORAS)
 
 
 def _engine(name: str, unit: str, help_: str, signal: str, doc: str | None = None) -> Family:

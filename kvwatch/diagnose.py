@@ -30,7 +30,7 @@ import string
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kvwatch.capacity import capacity_sequences, demand_sequences, effective_capacity
+from kvwatch.capacity import capacity_sequences, demand_sequences, effective_capacity, lora_slots_full
 from kvwatch.catalog import Action, Bottleneck, Confidence, KvPressure, Source, Thresholds, most_severe
 from kvwatch.window import Signals, StreakPoint
 
@@ -221,7 +221,7 @@ SENTENCES: dict[str, str] = {
         "{step_max!n} over {steps:.0f} steps of the {full!n} that mean a binding token budget: no limit named yet"
     ),
     "inferred_ceiling": (
-        "{waiting!n} requests waiting while Running held at {ceiling} in {at_max} of the last {samples} samples "
+        "{waiting!n} requests waiting while Running held at or near {ceiling} in {at_max} of the last {samples} samples "
         "({seconds:.0f} s, every one with a queue, requests admitted meanwhile): inferred max_num_seqs={ceiling} "
         "(no hint given)"
     ),
@@ -351,7 +351,7 @@ def wedged_admission(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None
     kv = s.kv.recent_max
     if s.throughput.finished_per_second != 0.0 or (kv is not None and kv >= th.admission_stall):
         return None  # a request finished (or vLLM does not count them), or KV is what holds the queue
-    if _lora_slots_full(s) or any(n for stage, n in s.queue.kv_fetch if stage != "completed_waiting"):
+    if lora_slots_full(s) or any(n for stage, n in s.queue.kv_fetch if stage != "completed_waiting"):
         return None
     numbers = {"running": running, "deferred": deferred, "ceiling": ceiling, "seconds": s.span_seconds}
     why = "the scheduler admits nothing while deferred requests hold its slots (vllm#53130): only a restart clears it"
@@ -378,7 +378,7 @@ def max_loras(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
     ``num_requests_waiting_by_reason{reason="deferred"}``): named when the deferred requests are the whole queue
     (or vLLM does not split it), or most of it with KV room; a queue held mostly by capacity goes on below."""
     c, deferred, waiting = s.capacity, s.queue.waiting_deferred, _waiting(s)
-    if not _lora_slots_full(s):
+    if not lora_slots_full(s):
         return None
     if s.queue.waiting_streak < th.min_queue_samples:
         return None
@@ -413,11 +413,6 @@ def kv_transfer(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
     recs = [Recommendation(Action.SCALE_PREFILL_SIDE, why)]
     reason = "vLLM counts most of the queue as waiting for remote KV loads"
     return Verdict(Bottleneck.KV_TRANSFER, [fact, _kv_room(s)], recs, reason=reason)
-
-
-def _lora_slots_full(s: Signals) -> bool:
-    c = s.capacity
-    return bool(c.max_lora and c.lora_waiting and (c.lora_running or 0) >= c.max_lora)
 
 
 def _lora_reason(deferred: float | None) -> str:
@@ -866,7 +861,10 @@ def _plateau(s: Signals, th: Thresholds) -> _Plateau | None:
 
 
 def _at_max(pts: tuple[StreakPoint, ...], peak: float, th: Thresholds) -> int:
-    return sum(1 for p in pts if p.running >= peak * (1 - th.plateau_tolerance))
+    """Samples at ``peak``: within ``plateau_tolerance`` of it, or ``plateau_slack_requests`` (one slot turning
+    over), whichever is more, and never 0."""
+    floor = max(1.0, peak - max(th.plateau_tolerance * peak, th.plateau_slack_requests))
+    return sum(1 for p in pts if p.running >= floor)
 
 
 def _trend(pts: tuple[StreakPoint, ...], peak: float, th: Thresholds) -> int:

@@ -334,3 +334,20 @@ def test_an_upstream_cannot_grow_the_rejection_reasons_without_bound():
     (snap,) = normalize(parse("\n".join(lines) + "\n", keep_family)).values()
     reasons = {k for k in snap.counters if k.startswith(REJECTIONS)}
     assert len(reasons) == MAX_REJECTION_REASONS and snap.counters[REJECTIONS + "other"] == 1000 - 3
+
+
+def test_max_loras_capacity_is_what_runs_while_the_slots_are_full():
+    """Issue 17: kvwatch_capacity_sequences{limit="max_loras"} is Running while every slot is taken and adapters
+    wait, the binding (effective) capacity whenever max_loras is named, and absent with a slot per adapter."""
+    cfg = load_scenario("max_loras").phases[0].engine
+    ds = diagnoses(load_scenario("max_loras"), 24, hints=Hints(cfg.max_num_seqs, cfg.max_num_batched_tokens))
+    named = [d for d in ds if d.bottleneck is Bottleneck.MAX_LORAS]
+    assert named
+    for d in named:
+        assert d.capacity_sequences[Bottleneck.MAX_LORAS] == d.signals.queue.running, d.capacity_sequences
+        assert d.capacity_limit is Bottleneck.MAX_LORAS, d.capacity_sequences
+        # the flag's gain: the next limit holds more than the slots do (what KvwatchScaleOutNotNeeded pages on)
+        others = [v for b, v in d.capacity_sequences.items() if b is not Bottleneck.MAX_LORAS]
+        assert others and min(others) > d.capacity_sequences[Bottleneck.MAX_LORAS], d.capacity_sequences
+    roomy = diagnoses(load_scenario("max_loras", overrides={"engine": {"max_loras": 4}}), 24)
+    assert not any(Bottleneck.MAX_LORAS in d.capacity_sequences for d in roomy)
