@@ -157,7 +157,7 @@ def _n(x: float | None) -> str:
 
 SENTENCES: dict[str, str] = {
     "sleeping": (
-        "vLLM's engine_sleep_state says the engine sleeps ({level_text}) with {running!n} running and {waiting!n} "
+        "{source} says the engine sleeps ({level_text}) with {running!n} running and {waiting!n} "
         "waiting: it serves nothing until woken (POST /wake_up), which no flag of this engine changes"
     ),
     "lora_slots_full": (
@@ -306,9 +306,13 @@ def asleep(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
     restart (the engine is doing what it was told)."""
     if not s.capacity.asleep:
         return None
-    level = _SLEEP_LEVEL_TEXT.get(s.capacity.sleep_level or 0, "sleep level unknown")
-    fact = ("sleeping", {"level_text": level, "running": _running(s), "waiting": _waiting(s)})
-    return Verdict(Bottleneck.ASLEEP, [fact], reason="vLLM's engine_sleep_state reads asleep")
+    level = _SLEEP_LEVEL_TEXT.get(s.capacity.sleep_level or 0)
+    if level is None:  # only a log says asleep without the level (kvwatch.logs: the executor's sleep line)
+        source, level = "vLLM's log ('It took ... seconds to fall asleep', no wake-up since)", "level not printed"
+    else:
+        source = "vLLM's engine_sleep_state"
+    fact = ("sleeping", {"source": source, "level_text": level, "running": _running(s), "waiting": _waiting(s)})
+    return Verdict(Bottleneck.ASLEEP, [fact], reason=f"{source.split(' (')[0]} reads asleep")
 
 
 def stalled(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:

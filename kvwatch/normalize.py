@@ -154,7 +154,9 @@ class EngineSnapshot:
     lora_running: int | None = None
     lora_waiting: int | None = None
     max_lora: int | None = None
-    sleep_level: int | None = None  # 0 awake, 1 weights offloaded, 2 weights discarded (engine_sleep_state)
+    # 0 awake, 1 weights offloaded, 2 weights discarded (engine_sleep_state); SLEEP_LEVEL_UNKNOWN asleep at a level
+    # not known (vLLM's log says it fell asleep, not at which level)
+    sleep_level: int | None = None
     folded: int = 0  # the overflow snapshot: how many (model_name, engine) pairs beyond max_engines it holds
 
 
@@ -405,6 +407,9 @@ def _apply_lora_info(fam: Family | None, out: dict[tuple[str, str], EngineSnapsh
             s.lora_running = _adapters(smp.labels.get("running_lora_adapters"))
             s.lora_waiting = _adapters(smp.labels.get("waiting_lora_adapters"))
             s.max_lora = _num(smp.labels.get("max_lora"), int)
+
+
+SLEEP_LEVEL_UNKNOWN = -1
 
 
 # vLLM 0.32/0.33 loggers.py PrometheusStatLogger.record_sleep_state: per engine, awake=1 and the others 0 while

@@ -580,8 +580,8 @@ def capacity_signals(
     if latest is not None:
         c.cache = latest.cache
         c.lora_running, c.lora_waiting, c.max_lora = latest.lora_running, latest.lora_waiting, latest.max_lora
-        if latest.sleep_level is not None:
-            c.asleep, c.sleep_level = latest.sleep_level > 0, latest.sleep_level or None
+        if latest.sleep_level is not None:  # SLEEP_LEVEL_UNKNOWN (-1): asleep, level None
+            c.asleep, c.sleep_level = latest.sleep_level != 0, latest.sleep_level if latest.sleep_level > 0 else None
     cap = c.cache.capacity_tokens if c.cache else None
     if cap:
         c.capacity_tokens = cap

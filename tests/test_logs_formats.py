@@ -189,10 +189,19 @@ def test_v1_preemptions_per_interval_feed_the_core():
 
 
 def test_all_deferred_waiting_is_not_a_capacity_limit():
-    s = read([v1(0, v1_032(0, 0.0, 400.0, 9, 0, 0.31, deferred=4, kv_fetch=(3, 1, 0), device="XPU"))])
+    s = read([v1(0, v1_032(0, 0.0, 400.0, 9, 0, 0.31, deferred=4, device="XPU"))])
     d = s.results[0].diagnosis
     assert d.bottleneck == "none"
     assert any("all 4 waiting requests are deferred" in e for e in d.evidence)
+
+
+def test_deferred_waiting_for_remote_kv_is_kv_transfer_as_on_metrics():
+    """The same queue with 0.32's `KV fetch` field: every deferred request waits on a remote KV load, which the
+    /metrics path (num_requests_kv_fetch_by_stage) names kv_transfer; the log now says the same."""
+    s = read([v1(0, v1_032(0, 0.0, 400.0, 9, 0, 0.31, deferred=4, kv_fetch=(3, 1, 0), device="XPU"))])
+    d = s.results[0].diagnosis
+    assert d.bottleneck == "kv_transfer", d.evidence
+    assert [r.action for r in d.recommendations] == ["scale_prefill_side"]
     assert any("KV fetch: 3 waiting to start, 1 in progress, 0 completed waiting" in e for e in s.results[0].notes)
 
 
@@ -381,3 +390,29 @@ def test_stalled_engine_then_restart():
     assert "no token produced for 10 s" in stalled[0].diagnosis.evidence[0]
     assert len(s.analyzer.configs) == 2  # the second 'non-default args' line started a new run
     assert s.results[-1].diagnosis.signals.queue.running_recent_max == 30  # history restarted: the stall is forgotten
+
+
+# ------------------------------------------------------------------------------------------- sleep mode
+
+
+def _sleep(t, rank=0, woke=None):
+    """The engine core's executor lines (vllm/v1/executor/abstract.py, 0.32 as installed by the e2e lane)."""
+    msg = "It took 0.512340 seconds to fall asleep." if woke is None else f"It took 0.301200 seconds to wake up tags {woke}."
+    return v1(t, msg, proc=f"EngineCore_DP{rank} pid=7{rank}", where="abstract.py:391" if woke is None else "abstract.py:409")
+
+
+def test_sleep_and_wake_up_lines_put_the_engine_to_sleep_until_every_tag_is_awake():
+    """Issue 14: a sleeping engine's gauges freeze with requests on it, which would read as stalled; its log
+    says it fell asleep. A partial wake-up (weights first, for an RLHF weight update) keeps it asleep: vLLM
+    resumes scheduling only once every tag is resident (EngineCore.wake_up)."""
+    stats = lambda t, gen: v1(t, v1_032(0, 0.0, gen, 4, 9, 0.0 if gen == 0 else 0.4))  # noqa: E731
+    lines = [stats(0, 120.0), _sleep(5), stats(10, 0.0), stats(20, 0.0), _sleep(25, woke="['weights']"), stats(30, 0.0),
+             _sleep(35, woke="['kv_cache']"), stats(40, 80.0)]
+    got = [(r.diagnosis.bottleneck, r.diagnosis.evidence[0]) for r in read(lines).results]
+    assert [b for b, _ in got] == ["none", "asleep", "asleep", "asleep", "none"], got
+    assert "vLLM's log ('It took ... seconds to fall asleep', no wake-up since) says the engine sleeps (level not printed)" in got[1][1]
+    # another rank's sleep line is not this engine's; a wake-up with no tags named ({...}: all of them) wakes it
+    other = [stats(0, 120.0), _sleep(5, rank=1), stats(10, 0.0), stats(20, 0.0)]
+    assert "asleep" not in [r.diagnosis.bottleneck for r in read(other).results]
+    whole = [stats(0, 120.0), _sleep(5), stats(10, 0.0), _sleep(15, woke="{'kv_cache', 'weights'}"), stats(20, 90.0)]
+    assert [r.diagnosis.bottleneck for r in read(whole).results] == ["none", "asleep", "none"]

@@ -26,11 +26,9 @@ INTERVAL = 10.0  # vLLM's VLLM_LOG_STATS_INTERVAL
 SECONDS = {"tour": 240.0}  # two cycles of 107 s; the others two minutes (12 records)
 SETTLE = 2 * INTERVAL  # a record is judged once its window (two records) lies inside its phase
 SHARE = 0.7
-# vLLM 0.32's stats line has no field for these limits (the sleep state, the deferred share, remote KV loads:
-# 0.33 adds `Deferred` and `KV fetch`), and the simulator writes the 0.32 line: in its log they read as what
-# the line shows (asleep as stalled, the kv_transfer queue as a ceiling). Not judged here; an open gap of
-# `kvwatch logs`, said in the README.
-LOG_BLIND = {"asleep", "max_loras", "kv_transfer", "gpu_asleep", "gpu_max_loras", "gpu_kv_transfer"}
+# The log has no LoRA adapter field: a queue deferred for LoRA slots reads as vLLM's own "deferred" (none, every
+# waiting request deferred), the honest answer without lora_requests_info. Not judged here; said in the README.
+LOG_BLIND = {"max_loras", "gpu_max_loras"}
 
 
 @functools.cache

@@ -222,7 +222,8 @@ def test_033_aggregated_log_line_with_every_optional_field():
         (47, 7, (5, 2, 0), 12),
         (6, 6, (4, 2, 0), None),
     ]
-    assert [r.diagnosis.bottleneck for r in s.results] == ["kv_cache"] * 3 + ["none"]
+    # the last: every waiting request deferred and each in a KV fetch (4 + 2 of 6): waiting on the P/D connector
+    assert [r.diagnosis.bottleneck for r in s.results] == ["kv_cache"] * 3 + ["kv_transfer"]
 
 
 @pytest.mark.slow  # two kvwatch processes

@@ -23,7 +23,7 @@ from typing import Any, Generic, TypeVar
 from kvwatch.catalog import Bottleneck, Source, Thresholds
 from kvwatch.diagnose import Diagnosis, Hints, diagnose_engine
 from kvwatch.logs.records import Event, StatsRecord
-from kvwatch.normalize import OVERFLOW, CacheConfig, EngineSnapshot
+from kvwatch.normalize import KV_FETCH_STAGES, OVERFLOW, SLEEP_LEVEL_UNKNOWN, CacheConfig, EngineSnapshot
 from kvwatch.window import RECENT, EngineHistory, Measured, summarize
 
 __all__ = ["LogAnalyzer", "RecordResult", "ServerConfig"]
@@ -195,6 +195,9 @@ def _fmt_int(n) -> str:
     return f"{int(n):,}"
 
 
+SLEEP_TAGS = frozenset(("weights", "kv_cache"))  # vllm/v1/executor/abstract.py (0.32): what sleep() puts to sleep
+
+
 class LogAnalyzer:
     """Feed events and records in log order; each record comes back diagnosed."""
 
@@ -215,6 +218,9 @@ class LogAnalyzer:
         self.v0_counter = 0  # highest total_num_cumulative_preemption seen since the server started
         self.v0_counter_line = 0
         self.v0_swap_preemption = False
+        # Sleeping tags by data-parallel rank (None: a line with no EngineCore_DP prefix, every engine), from the
+        # executor's sleep / wake-up lines: asleep until every tag is woken (vLLM resumes scheduling only then).
+        self.sleeping: dict[int | None, frozenset[str]] = {}
         self.clock: str | None = None  # "collector" or "vllm": which timestamps this log's records carry
         self.keep_results = keep_results
         self.results: list[RecordResult] = []  # every record's result, if keep_results (a library caller's)
@@ -273,6 +279,8 @@ class LogAnalyzer:
                 self.v0_counter, self.v0_counter_line = d["counter"], ev.line
             if d.get("mode") == "SWAP":
                 self.v0_swap_preemption = True
+        elif ev.kind in ("sleep", "wake"):
+            self._sleep_event(ev)
         elif ev.kind == "iteration":
             key = d["engine"] if d.get("engine") is not None else "000"
             e = self._engine(key)
@@ -294,6 +302,7 @@ class LogAnalyzer:
         self.records_since_start = 0
         self.v0_counter = 0
         self.v0_swap_preemption = False
+        self.sleeping = {}
 
     def _engine(self, key: str) -> _Engine:
         e = self.engines.get(key)
@@ -367,8 +376,21 @@ class LogAnalyzer:
         e.last_t = t
         return t, interval, typical
 
-    @staticmethod
-    def _snapshot(rec: StatsRecord, e: _Engine, cache) -> EngineSnapshot:
+    def _sleep_event(self, ev: Event) -> None:
+        if ev.kind == "sleep":
+            self.sleeping[ev.dp_rank] = SLEEP_TAGS
+        else:
+            woken, tags = ev.data["tags"], self.sleeping.get(ev.dp_rank, frozenset())
+            self.sleeping[ev.dp_rank] = frozenset() if woken is None else tags - woken
+
+    def _asleep(self, engine: str) -> bool:
+        """The engine's executor fell asleep and has not woken every tag since (its rank's lines, else the
+        unprefixed ones)."""
+        rank = int(engine) if engine.isdigit() else None
+        tags = self.sleeping.get(rank) if rank in self.sleeping else self.sleeping.get(None)
+        return bool(tags)
+
+    def _snapshot(self, rec: StatsRecord, e: _Engine, cache) -> EngineSnapshot:
         """The record as the core's snapshot: its instants as gauges, its averages summed into counters."""
         gauges = {"requests_running": float(rec.requests_running), "requests_waiting": float(rec.requests_waiting)}
         if rec.kv_cache_usage_ratio is not None:
@@ -377,8 +399,13 @@ class LogAnalyzer:
             gauges["requests_swapped"] = float(rec.requests_swapped)
         if rec.requests_deferred is not None:
             gauges["requests_waiting_deferred"] = float(rec.requests_deferred)
+        if rec.kv_fetch is not None:  # the /metrics gauges' names (normalize: num_requests_kv_fetch_by_stage)
+            gauges.update((f"kv_fetch_{k}", float(v)) for k, v in zip(KV_FETCH_STAGES, rec.kv_fetch, strict=True))
         counters = {"prompt_tokens": e.prompt, "generation_tokens": e.generation}
-        return EngineSnapshot(e.history.model_name, rec.engine, gauges=gauges, counters=counters, cache=cache)
+        snap = EngineSnapshot(e.history.model_name, rec.engine, gauges=gauges, counters=counters, cache=cache)
+        if self._asleep(rec.engine):
+            snap.sleep_level = SLEEP_LEVEL_UNKNOWN
+        return snap
 
     def _preemptions(self, rec: StatsRecord, e: _Engine) -> int | None:
         """Preemptions in this record's interval, as far as the log tells (None: unknown)."""

@@ -128,6 +128,11 @@ _E = {
         r"(?:Engine\s*(\d+)\s*:\s*)?Iteration\((\d+)\):\s*(\d+) context requests, (\d+) context tokens, "
         r"(\d+) generation requests, (\d+) generation tokens, iteration elapsed time: ([\d.]+) ms( \(dummy\))?"
     ),
+    # vllm/v1/executor/abstract.py (0.32) Executor.sleep / wake_up, in the engine core's log (EngineCore_DP<n>):
+    # "It took %.6f seconds to fall asleep." and "It took %.6f seconds to wake up tags %s." (the tags woken, or
+    # every sleeping tag; V0 and early V1: "... to wake up."). Sleep levels 1 and 2 both; the level is not printed.
+    "sleep": _rx(r"It took " + _NUM + r" seconds to fall asleep"),
+    "wake": _rx(r"It took " + _NUM + r" seconds to wake up(?: tags ([\[{][^\]}]*[\]}]))?"),
     "v0_prefix": _rx(
         _words("Prefix cache hit rate") + r"\s*:\s*GPU\s*:\s*" + _NUM + r"\s*%\s*,\s*CPU\s*:\s*" + _NUM + r"\s*%"
     ),
@@ -290,13 +295,20 @@ def parse_args_text(kind: str, body: str) -> dict:
     return out
 
 
+def _tags(text: str | None) -> frozenset[str] | None:
+    """The tags of a wake-up line (``['weights']``, ``{'kv_cache', 'weights'}``); None: every tag."""
+    if not text:
+        return None
+    return frozenset(re.findall(r"'(\w+)'", text)) or None
+
+
 def _num(s: str) -> int:
     return int(s.replace(",", ""))
 
 
 # Every event pattern contains one of these: most lines (access logs) are dismissed by one search.
 _EVENT_HINT = re.compile(
-    r"args|Initializing|version|Chunked|Defaulting|size|concurrency|blocks|preempt|Iteration|GPU|"
+    r"args|Initializing|version|Chunked|Defaulting|size|concurrency|blocks|preempt|Iteration|GPU|took|"
     r"_len=|dtype=|caching=|model_name=|device_config="
 )
 
@@ -334,6 +346,10 @@ def _events(text: str, line: int, skip: frozenset = frozenset()) -> list[tuple[i
                 data = {"num_gpu_blocks": int(m[2])}
             elif kind == "preemption":
                 data = {"counter": int(m[2]), "mode": m[1]}
+            elif kind == "sleep":
+                data = {}
+            elif kind == "wake":
+                data = {"tags": _tags(m[2])}
             elif kind == "iteration":
                 if m[8]:
                     continue  # dummy steps (DP padding) schedule nothing

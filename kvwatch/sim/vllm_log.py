@@ -11,6 +11,14 @@ over its length, the gauges as last published, and the prefix-cache hit rate ove
 
     (APIServer pid=100) INFO 12-01 10:22:22 [loggers.py:335] Engine 000: Avg prompt throughput: 161.7 tokens/s, Avg generation throughput: 18.1 tokens/s, Running: 7 reqs, Waiting: 72 reqs, GPU KV cache usage: 100.0%, Prefix cache hit rate: 0.0%
 
+with, between Waiting and the KV field, ``Deferred: %d reqs`` (counted in Waiting too), ``KV fetch: %d waiting to
+start, %d in progress, %d completed waiting`` and ``Preemptions: %d`` (of the interval), each only when non-zero,
+as 0.32's ``LoggingStatLogger.log`` prints them. When an engine falls asleep or wakes, its engine core's executor
+line (``vllm/v1/executor/abstract.py``, 0.32)::
+
+    (EngineCore_DP0 pid=101) INFO 12-01 10:23:02 [abstract.py:391] It took 0.512000 seconds to fall asleep.
+    (EngineCore_DP0 pid=101) INFO 12-01 10:23:32 [abstract.py:409] It took 0.301000 seconds to wake up tags {'kv_cache', 'weights'}.
+
 A stalled engine publishes no stats, so its line repeats the frozen gauges with zero throughput, as vLLM's
 logger does (it logs on its own timer from the last stats it received).
 """
@@ -40,6 +48,8 @@ class LogWriter:
         self.device = device
         self._last = sim.now
         self._totals = [self._counts(e) for e in sim.engines]
+        self._preempted = [e.stats.preemptions for e in sim.engines]
+        self._asleep = [e.stats.sleep_level > 0 for e in sim.engines]
 
     def startup(self) -> list[str]:
         out = []
@@ -58,24 +68,48 @@ class LogWriter:
         s = e.stats
         return s.prompt_tokens, s.gen_tokens, s.prefix_queries, s.prefix_hits
 
+    def _sleep_lines(self) -> list[str]:
+        out = []
+        for i, e in enumerate(self.sim.engines):
+            asleep = e.stats.sleep_level > 0
+            if asleep == self._asleep[i]:
+                continue
+            self._asleep[i] = asleep
+            what = "fall asleep." if asleep else "wake up tags {'kv_cache', 'weights'}."
+            out.append(
+                f"(EngineCore_DP{e.index} pid={CORE_PID + e.index}) INFO {_stamp(self.sim.virtual_time)} "
+                f"[abstract.py:{391 if asleep else 409}] It took {0.512 if asleep else 0.301:.6f} seconds to {what}"
+            )
+        return out
+
     def lines(self) -> list[str]:
-        """The stats lines due since the last call (one per engine once ``interval`` has passed)."""
+        """The sleep / wake-up lines since the last call, and the stats lines due (one per engine once
+        ``interval`` has passed)."""
+        out = self._sleep_lines()
         elapsed = self.sim.now - self._last
         if elapsed < self.interval:
-            return []
+            return out
         self._last = self.sim.now
-        out = []
         for i, e in enumerate(self.sim.engines):
             now = self._counts(e)
             prompt, gen, queries, hits = (b - a for a, b in zip(self._totals[i], now, strict=True))
             self._totals[i] = now
             s = e.stats
             hit_rate = 100.0 * hits / queries if queries else 0.0
+            preempted, self._preempted[i] = s.preemptions - self._preempted[i], s.preemptions
+            optional = ""
+            if s.waiting_deferred:
+                optional += f"Deferred: {s.waiting_deferred} reqs, "
+            if any(s.kv_fetch):
+                a, b, c = s.kv_fetch
+                optional += f"KV fetch: {a} waiting to start, {b} in progress, {c} completed waiting, "
+            if preempted:
+                optional += f"Preemptions: {preempted}, "
             out.append(
                 f"(APIServer pid={API_PID}) INFO {_stamp(self.sim.virtual_time)} [loggers.py:335] "
                 f"Engine {e.index:03d}: Avg prompt throughput: {prompt / elapsed:.1f} tokens/s, "
                 f"Avg generation throughput: {gen / elapsed:.1f} tokens/s, Running: {s.running} reqs, "
-                f"Waiting: {s.waiting} reqs, {self.device} KV cache usage: {100.0 * s.kv_usage:.1f}%, "
+                f"Waiting: {s.waiting} reqs, {optional}{self.device} KV cache usage: {100.0 * s.kv_usage:.1f}%, "
                 f"Prefix cache hit rate: {hit_rate:.1f}%"
             )
         return out
