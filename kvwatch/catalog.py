@@ -336,6 +336,9 @@ class Thresholds:
     raise_seqs_target_share: float = 0.9
     # Advice: sequences under this share of max_model_len make a lower limit worth it.
     short_sequence_share: float = 0.25
+    # Advice: one running request holding this share of the KV cache while others wait is a sequence the limits
+    # let grow too long (intel/llm-scaler#391: Running 1, Waiting 14, KV 76 % and rising for an hour).
+    single_request_kv_share: float = 0.5
     # Advice: gpu_memory_utilization below this leaves memory to give the KV cache (activations and
     # CUDA graphs need the rest).
     gpu_memory_utilization_ceiling: float = 0.95

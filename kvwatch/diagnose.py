@@ -1059,11 +1059,19 @@ def _cache_config_advice(s: Signals, hints: Hints, th: Thresholds):
             "prefix caching is off: shared prompt prefixes are stored once and skip prefill",
         )
     max_len = hints.max_model_len or (c.max_model_len if c else None)
+    usage, running = s.kv.usage_ratio or 0.0, _running(s)
     if max_len and seq and seq < th.short_sequence_share * max_len:
         yield Recommendation(
             Action.REDUCE_MAX_MODEL_LEN,
             f"sequences average {_n(seq)} tokens but max_model_len is {max_len}: "
             "a lower limit stops a few long requests from holding most of the KV cache",
+        )
+    elif running and _waiting(s) and usage / running >= th.single_request_kv_share:
+        yield Recommendation(
+            Action.REDUCE_MAX_MODEL_LEN,
+            f"each running request holds {usage / running:.0%} of the KV cache while {_n(_waiting(s))} wait: a "
+            "--max-model-len (and clients' max_tokens) that bounds one sequence to a fraction of the cache stops one "
+            "long generation from holding the queue",
         )
     if c is not None and c.kv_cache_memory_bytes:
         yield Recommendation(

@@ -261,3 +261,21 @@ def test_3_in_kvwatch_logs_without_and_with_the_capacity_line():
     d = read([start, *stats]).results[-1].diagnosis
     assert d.bottleneck == "kv_cache" and "(~26214 of 65536 tokens)" in text(d)
     assert "the prompt lengths and the prompt's share unknown" in d.confidence_reason
+
+
+def test_one_request_holding_most_of_the_kv_cache_for_an_hour_is_kv_cache_not_stalled():
+    """intel/llm-scaler#391 ("VLLM seems be hang"): `Running: 1 reqs, Waiting: 14 reqs` for over an hour, prompt
+    throughput 0, generation 5.4 tokens/s, KV 76.5 % and creeping up, no start-up lines. Tokens flow, so not
+    stalled; the one running request holds three quarters of the cache and the free quarter is less than it
+    holds: the next request likely does not fit (capacity unknown: low). The advice bounds one sequence."""
+    line = ("(APIServer pid=851) INFO 04-28 22:{:02d}:{:02d} [loggers.py:257] Engine 000: Avg prompt throughput: "
+            "0.0 tokens/s, Avg generation throughput: 5.4 tokens/s, Running: 1 reqs, Waiting: 14 reqs, GPU KV cache "
+            "usage: {:.1f}%, Prefix cache hit rate: 92.0%")
+    lines = [line.format(*divmod(54 * 60 + 32 + 10 * i, 60), 76.5 + 0.1 * i) for i in range(12)]
+    got = read(lines).results
+    assert {r.diagnosis.bottleneck for r in got} == {Bottleneck.KV_CACHE}, [r.diagnosis.evidence for r in got]
+    d = got[-1].diagnosis
+    assert d.confidence == Confidence.LOW and "the next request likely does not fit" in text(d)
+    assert "throughput gap" in text(d)
+    top = [r for r in d.recommendations if r.action == "reduce_max_model_len"]
+    assert top and "each running request holds 78% of the KV cache while 14 wait" in top[0].why, d.recommendations
