@@ -279,3 +279,23 @@ def test_one_request_holding_most_of_the_kv_cache_for_an_hour_is_kv_cache_not_st
     assert "throughput gap" in text(d)
     top = [r for r in d.recommendations if r.action == "reduce_max_model_len"]
     assert top and "each running request holds 78% of the KV cache while 14 wait" in top[0].why, d.recommendations
+
+
+def test_1_running_a_slot_below_a_small_ceiling_half_the_time_is_still_the_plateau():
+    # Staggered finishes at --max-num-seqs 4 (real vLLM, e2e): 1-s samples read 3 about half the time with 300
+    # waiting. Within one request of the maximum counts as at it (Thresholds.plateau_slack_requests); before,
+    # a tenth of 4 let only 4 count and kvwatch said none in 16 of 19 saturated samples.
+    s = metrics_history(lockstep([4, 3, 4, 3, 3, 4, 3, 4, 3, 3, 4]))
+    d = diagnose_engine(s)
+    assert d.bottleneck == Bottleneck.MAX_NUM_SEQS and d.max_num_seqs == (4, "inferred"), text(d)
+    assert "Running held at or near 4 in 5 of the last 5 samples" in d.evidence[0]
+
+
+def test_1_a_peak_at_the_configured_ceiling_earlier_in_the_window_is_not_the_ceiling_now():
+    # The tour's token_budget phase with hints: Running 32 of 32 before the phase, then 2-3 with 27 waiting for
+    # 9 s; near_configured_ceiling named max_num_seqs on the window's old peak.
+    samples = [{"running": 32, "waiting": 40, "kv": 0.2, "prompt": 3000.0, "gen": 900.0}] * 3
+    samples += [{"running": r, "waiting": 27, "kv": 0.1, "prompt": 2500.0, "gen": 30.0} for r in (3, 2, 3, 2, 3, 2, 3, 2)]
+    s = metrics_history(samples)
+    d = diagnose_engine(s, Hints(max_num_seqs=32))
+    assert s.queue.running_max_waiting == 32 and d.bottleneck != Bottleneck.MAX_NUM_SEQS, text(d)
