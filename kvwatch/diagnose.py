@@ -178,8 +178,8 @@ SENTENCES: dict[str, str] = {
     "serving": "{running!n} running, none waiting{kv_text}",
     "kv_fetch_waiting": (
         "{fetching!n} of {waiting!n} waiting requests wait for their KV from the prefill side ({waiting_to_start!n} "
-        "loads not started, {in_progress!n} in progress, {completed_waiting!n} loaded and not yet running; "
-        "num_requests_kv_fetch_by_stage){transfer_text}"
+        "loads not started, {in_progress!n} in progress, {completed_waiting!n} loaded and not yet running: vLLM's "
+        "KV-fetch stages){transfer_text}"
     ),
     "all_deferred": "all {waiting!n} waiting requests are deferred (LoRA budget, KV transfer), not held by capacity",
     "waiting_few_run": "{waiting!n} requests waiting while only {running!n} run",

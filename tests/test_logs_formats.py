@@ -318,10 +318,11 @@ EXPECTED = {
     "v1_0.7.log": ["none", "none"],  # one record with a queue: no plateau (was max_num_seqs by elimination)
     "v1_0.8.log": ["none"] + ["max_num_seqs"] * 3 + ["none"],  # the first queued record: no plateau yet
     "v1_dp2_preemptions.log": ["none", "none", "kv_cache", "none", "kv_cache", "none"],
-    "v1_0.32_xpu_kv_fetch.log": ["none", "none", "none"],
+    # a kv_consumer whose whole queue waits on remote KV loads (0.32's KV fetch field): kv_transfer, as /metrics says
+    "v1_0.32_xpu_kv_fetch.log": ["kv_transfer", "none", "none"],
     "v1_0.32_iteration_details.log": ["token_budget"] * 3,
     "v1_aggregated.log": ["max_num_seqs"] * 3,
-    "v1_0.33_aggregated_pd.log": ["kv_cache"] * 3 + ["none"],  # the last: every waiting request deferred
+    "v1_0.33_aggregated_pd.log": ["kv_cache"] * 3 + ["kv_transfer"],  # the last: every waiting request in a KV fetch
     "v1_stalled_restart.log": ["none", "none", "stalled", "stalled", "stalled", "none", "none"],
     "messy_cri_node.log": ["kv_cache"] * 3 + ["none"],
     "messy_terminal_copy.log": ["kv_cache"] * 3,
