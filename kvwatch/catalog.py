@@ -373,6 +373,10 @@ ENGINE = ("target", "model_name", "engine")
 CAPACITY_LIMITS = (Bottleneck.KV_CACHE, Bottleneck.MAX_NUM_SEQS, Bottleneck.TOKEN_BUDGET, Bottleneck.MAX_LORAS)
 # Limits a flag lifts for free (no GPU): what KvwatchScaleOutNotNeeded looks for.
 FLAG_LIMITS = (Bottleneck.MAX_NUM_SEQS, Bottleneck.MAX_LORAS)
+# vLLM's own sleep tags (vllm/v1/executor/abstract.py SLEEP_TAGS, 0.32), what its log's wake-up lines name: an
+# engine is asleep until every one is woken. Spelled here, the one place for names, because vLLM's "kv_cache" tag is
+# spelled like kvwatch's bottleneck (it is not that bottleneck).
+VLLM_SLEEP_TAGS = frozenset(("weights", "kv_cache"))
 
 
 def _engine(name: str, unit: str, help_: str, signal: str, doc: str | None = None) -> Family:

@@ -309,10 +309,12 @@ def asleep(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
     level = _SLEEP_LEVEL_TEXT.get(s.capacity.sleep_level or 0)
     if level is None:  # only a log says asleep without the level (kvwatch.logs: the executor's sleep line)
         source, level = "vLLM's log ('It took ... seconds to fall asleep', no wake-up since)", "level not printed"
+        reason = "vLLM's log reads asleep"
     else:
         source = "vLLM's engine_sleep_state"
+        reason = "vLLM's engine_sleep_state reads asleep"
     fact = ("sleeping", {"source": source, "level_text": level, "running": _running(s), "waiting": _waiting(s)})
-    return Verdict(Bottleneck.ASLEEP, [fact], reason=f"{source.split(' (')[0]} reads asleep")
+    return Verdict(Bottleneck.ASLEEP, [fact], reason=reason)
 
 
 def stalled(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
@@ -593,8 +595,9 @@ def near_configured_ceiling(s: Signals, hints: Hints, th: Thresholds) -> Verdict
     phase's peak of 32; and with a queue, not one request caught between arrival and admission (the
     stalled preset's serving phase named the ceiling on that, scraped at 0.5 and 0.7 s into the second)."""
     ceiling, peak = hints.max_num_seqs, s.queue.running_max_waiting or 0.0
-    near = max(1.0, th.near_ceiling_share * ceiling) if ceiling else 0.0
-    if not ceiling or min(peak, s.queue.running_recent_max or 0.0) < near or _waiting(s) < th.brief_queue_requests:
+    if not ceiling or _waiting(s) < th.brief_queue_requests:
+        return None
+    if min(peak, s.queue.running_recent_max or 0.0) < max(1.0, th.near_ceiling_share * ceiling):
         return None
     fact = (
         "near_configured_ceiling",

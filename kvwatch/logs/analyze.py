@@ -20,7 +20,7 @@ import statistics
 from dataclasses import dataclass, field, replace
 from typing import Any, Generic, TypeVar
 
-from kvwatch.catalog import Bottleneck, Source, Thresholds
+from kvwatch.catalog import VLLM_SLEEP_TAGS, Bottleneck, Source, Thresholds
 from kvwatch.diagnose import Diagnosis, Hints, diagnose_engine
 from kvwatch.logs.records import Event, StatsRecord
 from kvwatch.normalize import KV_FETCH_STAGES, OVERFLOW, SLEEP_LEVEL_UNKNOWN, CacheConfig, EngineSnapshot
@@ -193,9 +193,6 @@ class _Engine:
 
 def _fmt_int(n) -> str:
     return f"{int(n):,}"
-
-
-SLEEP_TAGS = frozenset(("weights", "kv_cache"))  # vllm/v1/executor/abstract.py (0.32): what sleep() puts to sleep
 
 
 class LogAnalyzer:
@@ -378,7 +375,7 @@ class LogAnalyzer:
 
     def _sleep_event(self, ev: Event) -> None:
         if ev.kind == "sleep":
-            self.sleeping[ev.dp_rank] = SLEEP_TAGS
+            self.sleeping[ev.dp_rank] = VLLM_SLEEP_TAGS
         else:
             woken, tags = ev.data["tags"], self.sleeping.get(ev.dp_rank, frozenset())
             self.sleeping[ev.dp_rank] = frozenset() if woken is None else tags - woken
