@@ -34,8 +34,10 @@ REPO = Path(__file__).resolve().parents[1]
 ALERTS = REPO / "alerts"
 RULE_FILES = [ALERTS / "kvwatch-rules.yaml", ALERTS / "kvwatch-alerts.yaml"]
 KV_RUN = REPO / "tests" / "fixtures" / "vllm-0.32.0-cpu" / "kv_cache"
-# While requests wait (Waiting 86 -> 4, KV 0.67-0.97, preemptions every second); and after the run (idle).
-KV_BOUND = recording(KV_RUN, start=1796120543.0, end=1796120566.0)
+# While requests wait (Waiting 91 -> 4, KV 0.67-0.97, preemptions every second); and after the run (idle).
+# It ends before 1796120565.16, where the queue has drained (0 waiting, 6 running): kvwatch rightly reads
+# that sample `none`, and looped every 22 s it made a test's instant query fail by chance (CI, stop 22).
+KV_BOUND = recording(KV_RUN, start=1796120543.0, end=1796120565.0)
 IDLE = recording(KV_RUN, start=1796120567.0)
 
 SLACK_KEY = "T000/B000/kvwatch-test"
@@ -61,6 +63,12 @@ def compress_rules(path: Path, out_dir: Path) -> Path:
     out = out_dir / path.name
     out.write_text(yaml.safe_dump(doc, sort_keys=False))
     return out
+
+
+def test_every_kv_bound_snapshot_has_requests_waiting():
+    """The KV-bound replay loops: a drained sample in it is a `none` scrape every loop (see KV_BOUND)."""
+    waiting = [re.search(r"^vllm:num_requests_waiting\{[^}]*\} (\S+)$", p.read_text(), re.M) for _, p in KV_BOUND]
+    assert len(waiting) >= 20 and all(m and float(m.group(1)) >= 4 for m in waiting), waiting
 
 
 def test_compress_rules_changes_only_windows_and_for(tmp_path):

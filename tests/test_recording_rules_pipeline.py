@@ -75,7 +75,9 @@ def test_fleet_recording_rules_agree_with_the_sidecar(tmp_path):
             assert abs(f - s) <= GAP_TOLERANCE, ("gap", f, s)
 
             fleet_b = prom.query('engine:vllm_bottleneck:approx == 1')
-            side_b = prom.query('kvwatch_bottleneck == 1')
             assert [r["metric"]["bottleneck"] for r in fleet_b] == ["kv_cache"]
-            assert [r["metric"]["bottleneck"] for r in side_b] == ["kv_cache"]
+            # The fleet rule reads [1m] windows; the sidecar's diagnosis is per scrape, so judge its last 20 s.
+            side_b = {r["metric"]["bottleneck"]: float(r["value"][1])
+                      for r in prom.query('avg_over_time(kvwatch_bottleneck[20s]) > 0')}
+            assert side_b.get("kv_cache", 0.0) >= 0.9, side_b
             print("\nfleet vs sidecar:", report)
