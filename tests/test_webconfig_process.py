@@ -88,7 +88,8 @@ def test_prometheus_scrapes_kvwatch_over_https_with_basic_auth(tmp_path):
                 return targets if done and targets["kvwatch"]["health"] == "up" else None
 
             targets = prom.wait_for(scraped, timeout=120, what="every job scraped, kvwatch's up")
-            assert prom.value('up{job="kvwatch"}') == 1
+            # a later scrape may time out on a starved machine: up was 1 at the health check, wait for it again
+            prom.wait_for(lambda: prom.value('up{job="kvwatch"}') == 1, timeout=30, what='up{job="kvwatch"} 1')
             for name in ("wrong-password", "no-credentials"):
                 assert targets[name]["health"] == "down"
                 assert "401" in targets[name]["lastError"], targets[name]["lastError"]
