@@ -28,11 +28,15 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
+from kvwatch.catalog import VLLM_SLEEP_TAGS
+
 from .simulator import Simulator
 
 __all__ = ["LogWriter", "simulated_log"]
 
 API_PID, CORE_PID = 100, 101
+# vLLM prints the set of tags it woke: {'kv_cache', 'weights'} when every tag sleeps (executor/abstract.py)
+_WAKE_TAGS = "{" + ", ".join(repr(t) for t in sorted(VLLM_SLEEP_TAGS)) + "}"
 
 
 def _stamp(t: float) -> str:
@@ -75,7 +79,7 @@ class LogWriter:
             if asleep == self._asleep[i]:
                 continue
             self._asleep[i] = asleep
-            what = "fall asleep." if asleep else "wake up tags {'kv_cache', 'weights'}."
+            what = "fall asleep." if asleep else f"wake up tags {_WAKE_TAGS}."
             out.append(
                 f"(EngineCore_DP{e.index} pid={CORE_PID + e.index}) INFO {_stamp(self.sim.virtual_time)} "
                 f"[abstract.py:{391 if asleep else 409}] It took {0.512 if asleep else 0.301:.6f} seconds to {what}"
