@@ -10,7 +10,7 @@ line-level damage (duplicated, dropped, reordered lines, retyped families, renam
 
 Each case goes to three parsers:
 
-- kvwatch's (``kvwatch.parse.parse`` with ``normalize.keep_family``, as ``kvwatch.app`` calls it);
+- kvwatch's (``kvwatch.parse.parse`` with ``engines.vllm.keep_family``, as ``kvwatch.app`` calls it);
 - ``prometheus_client.parser.text_string_to_metric_families`` (the 0.0.4 text format: the reference);
 - ``prometheus_client.openmetrics.parser.text_string_to_metric_families`` (OpenMetrics).
 
@@ -26,7 +26,7 @@ The invariants:
 4. The pipeline: every ``PIPELINE_EVERY``-th case is a whole real capture mutated, fed to a
    ``kvwatch.state.Target`` after two clean captures of the same run, diagnosed, rendered by kvwatch's
    own collector and as the JSON API's document (strict JSON), then a clean capture after it: nothing
-   but the scrape's own errors (``ParseError``, ``NoVllmMetrics``, a body that is not UTF-8) may escape.
+   but the scrape's own errors (``ParseError``, ``NoEngineMetrics``, a body that is not UTF-8) may escape.
 
 The OpenMetrics parser is a second opinion, not the reference: vLLM serves the 0.0.4 text format to
 kvwatch (which asks for it in ``Accept``), and OpenMetrics differs on purpose (``# EOF``, timestamps
@@ -51,11 +51,11 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.openmetrics import parser as om_parser
 from prometheus_client.parser import _split_quoted, text_string_to_metric_families
 
+from kvwatch.engines.vllm import KEEP_FAMILIES, keep_family
 from kvwatch.export import KvwatchCollector
-from kvwatch.normalize import KEEP_FAMILIES, keep_family
 from kvwatch.parse import _NAME as _METRIC_NAME
 from kvwatch.parse import ParseError, parse
-from kvwatch.state import NoVllmMetrics, Target
+from kvwatch.state import NoEngineMetrics, Target
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -1009,7 +1009,7 @@ def _observe(target: Target, t: float, data: bytes) -> None:
         return
     try:
         target.observe_body(t, text)
-    except (ParseError, NoVllmMetrics) as e:
+    except (ParseError, NoEngineMetrics) as e:
         target.observe_failure(t, str(e))
 
 

@@ -23,8 +23,9 @@ sys.path.insert(0, str(REPO))
 from kvwatch.app import MAX_CONNECTIONS, REQUEST_DEADLINE_SECONDS  # noqa: E402
 from kvwatch.catalog import ENGINE, FAMILIES, Action, Bottleneck, Confidence, Family, ScrapeReason  # noqa: E402
 from kvwatch.config import Settings  # noqa: E402
+from kvwatch.engines import ENGINES  # noqa: E402
 from kvwatch.export import worst_case  # noqa: E402
-from kvwatch.normalize import MAX_LABEL_CHARS  # noqa: E402
+from kvwatch.snapshot import MAX_LABEL_CHARS  # noqa: E402
 from tests.fault_table import ALL  # noqa: E402
 
 README = REPO / "README.md"
@@ -49,8 +50,11 @@ def bottlenecks_table() -> str:
 
 
 def actions_table() -> str:
-    rows = ["| action (cheapest first) | flag | what it does |", "|---|---|---|"]
-    rows += [f"| `{a}` | `{a.flag}` | {a.meaning} |" for a in Action]
+    rows = [
+        "| action (cheapest first) | " + " | ".join(e.title for e in ENGINES) + " | what it does |",
+        "|---|" + "---|" * len(ENGINES) + "---|",
+    ]
+    rows += [f"| `{a}` | " + " | ".join(f"`{e.flag(a)}`" for e in ENGINES) + f" | {a.meaning} |" for a in Action]
     return "\n".join(rows)
 
 

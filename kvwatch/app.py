@@ -23,11 +23,10 @@ from kvwatch import __version__
 from kvwatch.catalog import Bottleneck, most_severe
 from kvwatch.config import Settings
 from kvwatch.export import KvwatchCollector
-from kvwatch.normalize import keep_family
 from kvwatch.page import add_page_routes
 from kvwatch.parse import ParseError, parse
 from kvwatch.scrape import FetchConfig, Fetcher, ScrapeError
-from kvwatch.state import NoVllmMetrics, Target
+from kvwatch.state import NoEngineMetrics, Target
 from kvwatch.webconfig import WebConfigWatcher
 
 __all__ = ["LISTEN_BACKLOG", "Monitor", "make_app", "make_runner", "serve"]
@@ -131,14 +130,14 @@ class Monitor:
             body = await self.fetcher.fetch(target)
             try:
                 if len(body) > OFF_LOOP_BYTES:
-                    families = await asyncio.to_thread(parse, body, keep_family)
+                    families = await asyncio.to_thread(parse, body, state.keep_family)
                 else:
-                    families = parse(body, keep_family)
+                    families = parse(body, state.keep_family)
             except ParseError as e:
                 raise ScrapeError("parse", str(e)) from None
             try:
                 state.observe(t, families)
-            except NoVllmMetrics as e:
+            except NoEngineMetrics as e:
                 raise ScrapeError("no_vllm_metrics", str(e)) from None
         except ScrapeError as e:
             state.errors[e.reason] += 1

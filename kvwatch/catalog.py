@@ -130,36 +130,24 @@ class Action(StrEnum):
     RESTART_ENGINE = "restart_engine"
 
     @property
-    def flag(self) -> str:
-        """The vLLM flag (or operation) the action is about."""
-        return _ACTION_INFO[self][0]
-
-    @property
     def meaning(self) -> str:
-        return _ACTION_INFO[self][1]
+        return _ACTION_INFO[self]
 
 
-_ACTION_INFO: dict[Action, tuple[str, str]] = {
-    Action.FP8_KV_CACHE: ("--kv-cache-dtype fp8", "halve the bytes per cached token"),
-    Action.ENABLE_PREFIX_CACHING: ("--enable-prefix-caching", "store shared prompt prefixes once"),
-    Action.REDUCE_MAX_MODEL_LEN: ("--max-model-len", "stop a few long requests holding most of the KV cache"),
-    Action.RAISE_GPU_MEMORY_UTILIZATION: ("--gpu-memory-utilization", "give the KV cache more of the device memory"),
-    Action.RAISE_MAX_NUM_SEQS: ("--max-num-seqs", "more sequences per step when KV has room"),
-    Action.LOWER_MAX_NUM_SEQS: ("--max-num-seqs", "fewer sequences, so each has room to grow (no preemption)"),
-    Action.RAISE_MAX_NUM_BATCHED_TOKENS: (
-        "--max-num-batched-tokens",
-        "a larger per-step budget admits prefills faster",
-    ),
-    Action.RAISE_MAX_LORAS: (
-        "--max-loras",
-        "more LoRA slots per batch; each reserves GPU memory for an adapter of --max-lora-rank",
-    ),
-    Action.SCALE_PREFILL_SIDE: (
-        "prefill engines / --kv-transfer-config",
-        "remote KV arrives slower than the decode engine takes it: more prefill engines, or a faster connector path",
-    ),
-    Action.ADD_REPLICA: ("replicas", "another engine: more KV cache and compute, another GPU"),
-    Action.RESTART_ENGINE: ("restart", "the engine makes no progress although it has work"),
+# What each action does, in any engine's words; each engine spells the flag its own way (kvwatch/engines).
+_ACTION_INFO: dict[Action, str] = {
+    Action.FP8_KV_CACHE: "halve the bytes per cached token",
+    Action.ENABLE_PREFIX_CACHING: "store shared prompt prefixes once",
+    Action.REDUCE_MAX_MODEL_LEN: "stop a few long requests holding most of the KV cache",
+    Action.RAISE_GPU_MEMORY_UTILIZATION: "give the KV cache more of the device memory",
+    Action.RAISE_MAX_NUM_SEQS: "more sequences per step when KV has room",
+    Action.LOWER_MAX_NUM_SEQS: "fewer sequences, so each has room to grow (no preemption)",
+    Action.RAISE_MAX_NUM_BATCHED_TOKENS: "a larger per-step budget admits prefills faster",
+    Action.RAISE_MAX_LORAS: "more LoRA slots per batch; each reserves GPU memory for an adapter",
+    Action.SCALE_PREFILL_SIDE: "remote KV arrives slower than the decode engine takes it: more prefill engines, "
+    "or a faster connector path",
+    Action.ADD_REPLICA: "another engine: more KV cache and compute, another GPU",
+    Action.RESTART_ENGINE: "the engine makes no progress although it has work",
 }
 
 

@@ -21,13 +21,15 @@ from pathlib import Path
 from kvwatch import __version__
 from kvwatch.catalog import Bottleneck
 from kvwatch.config import ConfigError, Settings, load_settings
+from kvwatch.engines import AUTO
+from kvwatch.engines import names as engine_names
 from kvwatch.logformat import TEXT_FORMAT, formatter
 from kvwatch.parse import ParseError
 from kvwatch.plan import DEFAULT_BLOCK_SIZE, Deployment, PlanError, as_dict, model_from_config, plan
 from kvwatch.plan import render_text as render_plan
 from kvwatch.recording import check_writable, recording_files, write_snapshot
 from kvwatch.redact import SecretFilter, redact_url, url_secrets
-from kvwatch.state import NoVllmMetrics, Target, TargetDiagnosis
+from kvwatch.state import NoEngineMetrics, Target, TargetDiagnosis
 
 SUBCOMMANDS = ("run", "diagnose", "record", "sim", "demo", "logs", "plan")
 
@@ -55,6 +57,7 @@ def _analysis_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--admission-stall-threshold", help="KV usage at which prefills stall (default 0.90)")
     p.add_argument("--preemption-risk-threshold", help="KV usage at which preemption starts (default 0.95)")
     p.add_argument("--max-engines", help="(model, engine) pairs per target before folding into _overflow")
+    p.add_argument("--engine", help=f"how to read the target: {', '.join((AUTO, *engine_names()))} (default auto)")
     _log_flags(p)
 
 
@@ -237,7 +240,7 @@ def _replay(args, settings: Settings) -> int:
     for t, f in files:
         try:
             state.observe_body(t, f.read_text(encoding="utf-8", errors="replace"))
-        except (ParseError, NoVllmMetrics) as e:
+        except (ParseError, NoEngineMetrics) as e:
             state.observe_failure(t, f"{f.name}: {e}")
         final = state.diagnose(t)
         hist.add(final)

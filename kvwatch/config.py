@@ -16,6 +16,8 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from kvwatch.catalog import Thresholds
 from kvwatch.diagnose import Hints
+from kvwatch.engines import AUTO
+from kvwatch.engines import names as engine_names
 from kvwatch.history import MAX_SAMPLES
 from kvwatch.redact import redact_url
 
@@ -53,6 +55,7 @@ class Settings(BaseSettings):
     admission_stall_threshold: float = Field(_DEFAULT.admission_stall, gt=0, le=1)
     preemption_risk_threshold: float = Field(_DEFAULT.preemption_risk, gt=0, le=1)
     max_engines: int = Field(64, gt=0)
+    engine: str = AUTO  # how the targets' metrics are read (kvwatch.engines); auto: recognised per target
     log_level: str = "info"
     log_format: str = "text"
 
@@ -85,6 +88,14 @@ class Settings(BaseSettings):
         if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
             raise ValueError(f"{v!r} is not HOST:PORT (e.g. 0.0.0.0:{DEFAULT_PORT})")
         return v
+
+    @field_validator("engine")
+    @classmethod
+    def _check_engine(cls, v: str) -> str:
+        choices = (AUTO, *engine_names())
+        if v.lower() not in choices:
+            raise ValueError(f"{v!r} is not one of {', '.join(choices)}")
+        return v.lower()
 
     @field_validator("log_level")
     @classmethod

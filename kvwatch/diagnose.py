@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 
 from kvwatch.capacity import capacity_sequences, demand_sequences, effective_capacity, lora_slots_full
 from kvwatch.catalog import Action, Bottleneck, Confidence, KvPressure, Source, Thresholds, most_severe
+from kvwatch.engines import Engine
+from kvwatch.engines.vllm import ENGINE as VLLM
 from kvwatch.window import Signals, StreakPoint
 
 __all__ = [
@@ -59,7 +61,8 @@ class Hints:
 @dataclass(frozen=True, slots=True)
 class Recommendation:
     action: Action
-    why: str
+    why: str  # "{flag}" stands for the action's flag in the engine's own spelling (diagnose_engine fills it)
+    flag: str = ""
 
 
 Fact = tuple[str, dict]  # (key of SENTENCES, the values it names)
@@ -111,7 +114,7 @@ class Diagnosis:
             "confidence": self.confidence,
             "confidence_reason": self.confidence_reason,
             "evidence": list(self.evidence),
-            "recommendations": [{"action": r.action, "why": r.why} for r in self.recommendations],
+            "recommendations": [{"action": r.action, "flag": r.flag, "why": r.why} for r in self.recommendations],
             "kv_cache_pressure": self.kv_pressure,
             "max_num_seqs": limit(self.max_num_seqs),
             "max_num_batched_tokens": limit(self.max_num_batched_tokens),
@@ -786,11 +789,16 @@ RULES: tuple[Rule, ...] = (
 )
 
 
-def diagnose_engine(s: Signals, hints: Hints = Hints(), th: Thresholds = Thresholds()) -> Diagnosis:
-    verdict = next(v for v in (rule(s, hints, th) for rule in RULES) if v is not None)
+def diagnose_engine(
+    s: Signals, hints: Hints = Hints(), th: Thresholds = Thresholds(), engine: Engine = VLLM
+) -> Diagnosis:
+    """The first rule's verdict that names a limit ``engine`` can show at all (the rules themselves are
+    engine-neutral: they read the snapshot contract), its advice in the engine's own flags."""
+    verdict = next(v for v in (rule(s, hints, th) for rule in RULES) if v is not None and v.bottleneck in engine.shows)
     facts = [*verdict.facts, *_rejection_facts(s, verdict.bottleneck), *_offload_facts(s)]
     facts.append(("confidence", {"level": verdict.confidence, "reason": verdict.reason}))
-    d = Diagnosis(s.model_name, s.engine, verdict.bottleneck, s, evidence(facts), verdict.recommendations)
+    recs = [_in_engine_words(r, engine) for r in verdict.recommendations]
+    d = Diagnosis(s.model_name, s.engine, verdict.bottleneck, s, evidence(facts), recs)
     d.confidence, d.confidence_reason = verdict.confidence, verdict.reason
     d.kv_pressure = kv_pressure(s.kv.recent_max, th)
     if hints.max_num_seqs:
@@ -801,6 +809,11 @@ def diagnose_engine(s: Signals, hints: Hints = Hints(), th: Thresholds = Thresho
     d.max_num_batched_tokens = verdict.max_num_batched_tokens or d.max_num_batched_tokens
     _add_capacity(d)
     return d
+
+
+def _in_engine_words(r: Recommendation, engine: Engine) -> Recommendation:
+    flag = engine.flag(r.action)
+    return Recommendation(r.action, r.why.replace("{flag}", flag), flag)
 
 
 def _offload_facts(s: Signals) -> list[Fact]:
@@ -1027,7 +1040,7 @@ def lora_recommendations(s: Signals) -> list[Recommendation]:
     c = s.capacity
     want = (c.lora_running or 0) + (c.lora_waiting or 0)
     why = (
-        f"{c.lora_running} adapters fill max_loras={c.max_lora} while {c.lora_waiting} more wait: --max-loras {want} "
+        f"{c.lora_running} adapters fill max_loras={c.max_lora} while {c.lora_waiting} more wait: {{flag}} {want} "
         "would batch them all (trade-off: each slot reserves GPU memory for an adapter of --max-lora-rank, taken "
         "from the KV cache; a lower --max-lora-rank makes slots cheaper)"
     )
@@ -1053,7 +1066,7 @@ def _cache_config_advice(s: Signals, hints: Hints, th: Thresholds):
         more = f" ({_n(cap)} -> ~{_n(2 * cap)} tokens)" if cap else ""
         yield Recommendation(
             Action.FP8_KV_CACHE,
-            f"--kv-cache-dtype fp8 halves the bytes per cached token: about twice the KV capacity{more} "
+            f"{{flag}} halves the bytes per cached token: about twice the KV capacity{more} "
             f"(cache_dtype is {c.cache_dtype if c and c.cache_dtype else 'unknown'}; small accuracy cost, check evals)",
         )
     if c is not None and c.enable_prefix_caching is False:
@@ -1073,7 +1086,7 @@ def _cache_config_advice(s: Signals, hints: Hints, th: Thresholds):
         yield Recommendation(
             Action.REDUCE_MAX_MODEL_LEN,
             f"each running request holds {usage / running:.0%} of the KV cache while {_n(_waiting(s))} wait: a "
-            "--max-model-len (and clients' max_tokens) that bounds one sequence to a fraction of the cache stops one "
+            "{flag} (and clients' max_tokens) that bounds one sequence to a fraction of the cache stops one "
             "long generation from holding the queue",
         )
     if c is not None and c.kv_cache_memory_bytes:

@@ -24,7 +24,7 @@ from prometheus_client.registry import Collector
 from kvwatch import __version__
 from kvwatch.catalog import ENGINE, FAMILIES, Action, Bottleneck, Confidence, Family, KvPressure, ScrapeReason
 from kvwatch.diagnose import Diagnosis
-from kvwatch.normalize import KV_FETCH_STAGES, MAX_LABEL_CHARS, MAX_REJECTION_REASONS
+from kvwatch.snapshot import KV_FETCH_STAGES, MAX_LABEL_CHARS, MAX_REJECTION_REASONS
 from kvwatch.state import Target
 from kvwatch.window import QUANTILES
 

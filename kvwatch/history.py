@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from kvwatch.catalog import Bottleneck
+from kvwatch.snapshot import Hist
 
 if TYPE_CHECKING:
     from kvwatch.diagnose import Diagnosis
@@ -101,7 +102,7 @@ def _json(v: float) -> float | None:
 
 def _engine_row(t: float, d: Diagnosis) -> tuple[float | None, ...]:
     s = d.signals
-    ttft = s.latency.quantiles.get("time_to_first_token_seconds", {}).get(0.99)
+    ttft = s.latency.quantiles.get(Hist.TIME_TO_FIRST_TOKEN_SECONDS, {}).get(0.99)
     return (
         t,
         s.kv.usage_ratio,

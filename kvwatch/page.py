@@ -20,6 +20,7 @@ from aiohttp import web
 
 from kvwatch import __version__
 from kvwatch.catalog import Action, Bottleneck, KvPressure
+from kvwatch.engines import ENGINES
 from kvwatch.history import ENGINE_FIELDS, TARGET_FIELDS, parse_seconds
 
 if TYPE_CHECKING:
@@ -93,7 +94,7 @@ def page_config(settings: Settings, labels: list[str]) -> dict:
             {"name": str(b), "label": b.label, "meaning": b.meaning, "severity": b.severity, **_swatch(b.colour)}
             for b in Bottleneck
         ],
-        "actions": {str(a): {"flag": a.flag, "meaning": a.meaning} for a in Action},
+        "actions": {str(a): {"meaning": a.meaning, "flags": {e.name: e.flag(a) for e in ENGINES}} for a in Action},
         "kv_pressure": {str(k): {"label": k.label, **_swatch(k.colour)} for k in KvPressure},
     }
 

@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING
 
 from kvwatch.catalog import Bottleneck, Thresholds, most_severe
 from kvwatch.diagnose import Diagnosis, Hints, diagnose_engine
+from kvwatch.engines import AUTO, ENGINES, Engine, by_name, detect, keep_any
+from kvwatch.engines.vllm import ENGINE as VLLM
 from kvwatch.history import TargetHistory
-from kvwatch.normalize import keep_family, normalize
 from kvwatch.parse import parse
 from kvwatch.redact import redact_url
 from kvwatch.scrape import REASONS
@@ -23,11 +24,11 @@ from kvwatch.window import EngineHistory, summarize
 if TYPE_CHECKING:
     from kvwatch.config import Settings
 
-__all__ = ["NoVllmMetrics", "Target", "TargetDiagnosis"]
+__all__ = ["NoEngineMetrics", "Target", "TargetDiagnosis"]
 
 
-class NoVllmMetrics(ValueError):
-    """The body parsed, but carries no vLLM series (wrong URL, metadata only, renamed families)."""
+class NoEngineMetrics(ValueError):
+    """The body parsed, but carries no series of the engine read (wrong URL, metadata only, another engine)."""
 
 
 @dataclass(slots=True)
@@ -38,6 +39,7 @@ class TargetDiagnosis:
     bottleneck: str
     engines: list[Diagnosis] = field(default_factory=list)
     error: str | None = None
+    engine_type: str | None = None  # the engine read (kvwatch.engines), None until one is recognised
 
     def as_dict(self) -> dict:
         out = {
@@ -45,6 +47,7 @@ class TargetDiagnosis:
             "target": self.target,
             "up": self.up,
             "bottleneck": self.bottleneck,
+            "engine_type": self.engine_type,
             "engines": [d.as_dict() for d in self.engines],
         }
         if self.error:
@@ -66,6 +69,7 @@ class Target:
         thresholds: Thresholds = Thresholds(),
         history_seconds: float = 900.0,
         history_samples: int = 901,
+        engine: str = AUTO,
     ):
         self.target = target  # the label: never holds a credential (from_settings redacts it)
         self.url = target  # what is fetched
@@ -75,6 +79,9 @@ class Target:
         self.hints = hints
         self.thresholds = thresholds
         self.engines: dict[tuple[str, str], EngineHistory] = {}
+        # --engine: one engine read whatever the scrape holds, or (auto) the one recognised in it
+        self.engine_wanted: Engine | None = None if engine == AUTO else by_name(engine)
+        self.engine_kind: Engine | None = self.engine_wanted
         self.last_success: float | None = None
         self.last_attempt: float | None = None
         self.last_error: str | None = None
@@ -99,18 +106,25 @@ class Target:
             thresholds=settings.thresholds,
             history_seconds=settings.history,
             history_samples=settings.history_samples,
+            engine=settings.engine,
         )
         t.url = url
         return t
 
+    @property
+    def keep_family(self):
+        """The parser's filter for this target: its engine's families (or, auto, any engine's)."""
+        return self.engine_wanted.keep_family if self.engine_wanted else keep_any
+
     def observe_body(self, t: float, body: str) -> None:
-        """Parse and record one scrape body. Raises ParseError / NoVllmMetrics (the scrape failed)."""
-        self.observe(t, parse(body, keep_family))
+        """Parse and record one scrape body. Raises ParseError / NoEngineMetrics (the scrape failed)."""
+        self.observe(t, parse(body, self.keep_family))
 
     def observe(self, t: float, families) -> None:
-        snaps = normalize(families, self.max_engines)
+        engine = self._engine_of(families)
+        snaps = engine.read(families, self.max_engines)
         if not snaps:
-            raise NoVllmMetrics("no vLLM series in the response")
+            raise NoEngineMetrics(f"no {engine.title} series in the response")
         self.folded_engines = sum(s.folded for s in snaps.values())
         for key, snap in snaps.items():
             hist = self.engines.get(key)
@@ -120,6 +134,25 @@ class Target:
         self.last_success = self.last_attempt = t
         self.last_error = None
         self.up = True
+
+    def _engine_of(self, families) -> Engine:
+        """The engine to read the scrape as. Auto: the one whose families it carries, re-chosen (and the history
+        dropped, never mixed) when the target restarts as another engine."""
+        seen = detect(families)
+        if self.engine_wanted is not None:
+            if seen is not None and seen is not self.engine_wanted:
+                raise NoEngineMetrics(
+                    f"--engine {self.engine_wanted.name}, but the response carries {seen.title} metrics "
+                    f"(use --engine {seen.name} or auto)"
+                )
+            return self.engine_wanted
+        if seen is None:
+            tried = ", ".join(e.title for e in ENGINES)
+            raise NoEngineMetrics(f"no serving engine's series in the response (tried {tried}){_seen(families)}")
+        if seen is not self.engine_kind:
+            self.engines.clear()
+            self.engine_kind = seen
+        return seen
 
     def observe_failure(self, t: float, error: str) -> None:
         self.last_attempt = t
@@ -139,10 +172,17 @@ class Target:
         for hist in self.fresh_engines(now):
             sig = summarize(hist, now, self.window_seconds)
             if sig is not None:
-                diags.append(diagnose_engine(sig, self.hints, self.thresholds))
+                diags.append(diagnose_engine(sig, self.hints, self.thresholds, self.engine_kind or VLLM))
         diags.sort(key=lambda d: (d.model_name, d.engine))
         if self.last_success is None or now - self.last_success > self.stale_after_seconds:
             overall = Bottleneck.UNREACHABLE
         else:
             overall = most_severe([d.bottleneck for d in diags])
-        return TargetDiagnosis(now, self.target, self.up, overall, diags, self.last_error)
+        engine_type = self.engine_kind.name if self.engine_kind else None
+        return TargetDiagnosis(now, self.target, self.up, overall, diags, self.last_error, engine_type)
+
+
+def _seen(families) -> str:
+    """A few of the families the response carried, for the error: what the URL serves instead."""
+    names = sorted(families)[:5]
+    return f"; families seen: {', '.join(names)}{', ...' if len(families) > 5 else ''}" if names else ""

@@ -19,7 +19,17 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 
-from kvwatch.normalize import REJECTIONS, CacheConfig, EngineSnapshot, Histogram
+from kvwatch.snapshot import (
+    KV_FETCH_STAGES,
+    REJECTIONS,
+    CacheConfig,
+    Counter,
+    EngineSnapshot,
+    Gauge,
+    Hist,
+    Histogram,
+    kv_fetch_gauge,
+)
 
 __all__ = [
     "CapacitySignals",
@@ -38,6 +48,7 @@ __all__ = [
 ]
 
 QUANTILES = (0.5, 0.9, 0.99)
+_KV_FETCH = tuple((stage, kv_fetch_gauge(stage)) for stage in KV_FETCH_STAGES)
 RECENT = 3  # samples that count as "now" for gauges that dip at random (KV usage, running)
 
 
@@ -390,17 +401,17 @@ def _drop_non_finite(s: Signals) -> None:
 
 
 def kv_signals(pts: list[Point]) -> KvSignals:
-    k = KvSignals(usage_ratio=pts[-1].gauges.get("kv_cache_usage_ratio"))
-    pinned = [p.gauges["kv_offload_pinned_ratio"] for p in pts if "kv_offload_pinned_ratio" in p.gauges]
+    k = KvSignals(usage_ratio=pts[-1].gauges.get(Gauge.KV_CACHE_USAGE_RATIO))
+    pinned = [p.gauges[Gauge.KV_OFFLOAD_PINNED_RATIO] for p in pts if Gauge.KV_OFFLOAD_PINNED_RATIO in p.gauges]
     if pinned:
-        k.offload_pinned_ratio = pts[-1].gauges.get("kv_offload_pinned_ratio")
+        k.offload_pinned_ratio = pts[-1].gauges.get(Gauge.KV_OFFLOAD_PINNED_RATIO)
         k.offload_pinned_max = max(pinned)
-    with_kv = [p for p in pts if "kv_cache_usage_ratio" in p.gauges]
+    with_kv = [p for p in pts if Gauge.KV_CACHE_USAGE_RATIO in p.gauges]
     if not with_kv:
         return k
-    kv = [p.gauges["kv_cache_usage_ratio"] for p in with_kv]
+    kv = [p.gauges[Gauge.KV_CACHE_USAGE_RATIO] for p in with_kv]
     k.mean = sum(kv) / len(kv)
-    k.recent_max = max(p.gauges.get("kv_cache_usage_ratio", 0.0) for p in pts[-RECENT:])
+    k.recent_max = max(p.gauges.get(Gauge.KV_CACHE_USAGE_RATIO, 0.0) for p in pts[-RECENT:])
     k.slope_per_second = _slope([p.t for p in with_kv], kv)
     if (
         k.slope_per_second is not None
@@ -415,45 +426,49 @@ def kv_signals(pts: list[Point]) -> KvSignals:
 def queue_signals(pts: list[Point]) -> QueueSignals:
     g = pts[-1].gauges
     q = QueueSignals(
-        running=g.get("requests_running"),
-        waiting=g.get("requests_waiting"),
-        waiting_deferred=g.get("requests_waiting_deferred"),
-        swapped=g.get("requests_swapped"),
-        kv_fetch=tuple((k.removeprefix("kv_fetch_"), v) for k, v in g.items() if k.startswith("kv_fetch_")),
+        running=g.get(Gauge.REQUESTS_RUNNING),
+        waiting=g.get(Gauge.REQUESTS_WAITING),
+        waiting_deferred=g.get(Gauge.REQUESTS_WAITING_DEFERRED),
+        swapped=g.get(Gauge.REQUESTS_SWAPPED),
+        kv_fetch=tuple((stage, g[key]) for stage, key in _KV_FETCH if key in g),
     )
     recent = pts[-RECENT:]
-    running = [p.gauges["requests_running"] for p in pts if "requests_running" in p.gauges]
+    running = [p.gauges[Gauge.REQUESTS_RUNNING] for p in pts if Gauge.REQUESTS_RUNNING in p.gauges]
     if running:
         q.running_mean = sum(running) / len(running)
-        q.running_recent_max = max(p.gauges.get("requests_running", 0.0) for p in recent)
-        queued = [p.gauges.get("requests_running", 0.0) for p in pts if p.gauges.get("requests_waiting", 0.0) > 0]
+        q.running_recent_max = max(p.gauges.get(Gauge.REQUESTS_RUNNING, 0.0) for p in recent)
+        queued = [
+            p.gauges.get(Gauge.REQUESTS_RUNNING, 0.0) for p in pts if p.gauges.get(Gauge.REQUESTS_WAITING, 0.0) > 0
+        ]
         q.waiting_samples = len(queued)
         if queued:
             q.running_max_waiting = max(queued)
             q.running_at_max_samples = queued.count(q.running_max_waiting)
-    waiting = [p.gauges["requests_waiting"] for p in pts if "requests_waiting" in p.gauges]
+    waiting = [p.gauges[Gauge.REQUESTS_WAITING] for p in pts if Gauge.REQUESTS_WAITING in p.gauges]
     if waiting:
         q.waiting_mean = sum(waiting) / len(waiting)
         for p in reversed(pts):
-            if p.gauges.get("requests_waiting", 0.0) <= 0:
+            if p.gauges.get(Gauge.REQUESTS_WAITING, 0.0) <= 0:
                 break
             q.waiting_streak += 1
         if len(recent) >= RECENT:
-            q.waiting_recent_min = min(p.gauges.get("requests_waiting", 0.0) for p in recent)
+            q.waiting_recent_min = min(p.gauges.get(Gauge.REQUESTS_WAITING, 0.0) for p in recent)
         q.streak = _streak(pts[len(pts) - q.waiting_streak :]) if q.waiting_streak else ()
     return q
 
 
 def _streak(pts: list[Point]) -> tuple[StreakPoint, ...]:
-    key = "prompt_tokens_computed" if "prompt_tokens_computed" in pts[-1].counters else "prompt_tokens"
+    key = (
+        Counter.PROMPT_TOKENS_COMPUTED if Counter.PROMPT_TOKENS_COMPUTED in pts[-1].counters else Counter.PROMPT_TOKENS
+    )
     return tuple(
         StreakPoint(
             p.t,
-            p.gauges.get("requests_running", 0.0),
-            p.gauges.get("requests_waiting", 0.0),
-            p.gauges.get("kv_cache_usage_ratio"),
+            p.gauges.get(Gauge.REQUESTS_RUNNING, 0.0),
+            p.gauges.get(Gauge.REQUESTS_WAITING, 0.0),
+            p.gauges.get(Gauge.KV_CACHE_USAGE_RATIO),
             p.counters.get(key),
-            p.counters.get("generation_tokens"),
+            p.counters.get(Counter.GENERATION_TOKENS),
         )
         for p in pts
     )
@@ -463,17 +478,17 @@ def throughput_signals(pts: list[Point], measured: Measured) -> ThroughputSignal
     first, last = pts[0], pts[-1]
     th = ThroughputSignals(stalled_seconds=stalled_seconds(pts))
     if len(pts) >= 2:
-        th.prompt_tokens_all_per_second = _rate(first, last, "prompt_tokens")
-        th.prompt_tokens_per_second = _rate(first, last, "prompt_tokens_computed")
+        th.prompt_tokens_all_per_second = _rate(first, last, Counter.PROMPT_TOKENS)
+        th.prompt_tokens_per_second = _rate(first, last, Counter.PROMPT_TOKENS_COMPUTED)
         if th.prompt_tokens_per_second is None:
             th.prompt_tokens_per_second = th.prompt_tokens_all_per_second
-        th.generation_tokens_per_second = _rate(first, last, "generation_tokens")
-        th.preemptions_per_second = _rate(first, last, "preemptions")
-        th.preemptions_recent_per_second = _rate(pts[max(0, len(pts) - 1 - RECENT)], last, "preemptions")
-        q, h = _rate(first, last, "prefix_cache_queries"), _rate(first, last, "prefix_cache_hits")
+        th.generation_tokens_per_second = _rate(first, last, Counter.GENERATION_TOKENS)
+        th.preemptions_per_second = _rate(first, last, Counter.PREEMPTIONS)
+        th.preemptions_recent_per_second = _rate(pts[max(0, len(pts) - 1 - RECENT)], last, Counter.PREEMPTIONS)
+        q, h = _rate(first, last, Counter.PREFIX_CACHE_QUERIES), _rate(first, last, Counter.PREFIX_CACHE_HITS)
         if q and h is not None and q > 0:
             th.prefix_cache_hit_ratio = h / q
-        it = _hist_delta(first, last, "iteration_tokens")
+        it = _hist_delta(first, last, Hist.ITERATION_TOKENS)
         if it is not None and it.count > 0:
             th.engine_step_tokens = it.sum / it.count
             th.steps_per_second = it.count / (last.t - first.t)
@@ -488,8 +503,8 @@ def throughput_signals(pts: list[Point], measured: Measured) -> ThroughputSignal
             th.steps_per_second = 0.0
         th.gap_fraction, th.gap = throughput_gap(pts)
         th.rejections_per_second = rejection_rates(first, last)
-        th.kv_transfer_tokens_per_second = _rate(first, last, "prompt_tokens_external")
-        th.finished_per_second = _rate(first, last, "requests_finished")
+        th.kv_transfer_tokens_per_second = _rate(first, last, Counter.PROMPT_TOKENS_EXTERNAL)
+        th.finished_per_second = _rate(first, last, Counter.REQUESTS_FINISHED)
     if measured.prompt_tokens_per_second is not None or measured.generation_tokens_per_second is not None:
         th.prompt_tokens_all_per_second = None  # the measured averages say nothing of cached tokens
     for name in Measured.__slots__:
@@ -510,15 +525,17 @@ def rejection_rates(first: Point, last: Point) -> tuple[tuple[str, float], ...]:
 def throughput_gap(pts: list[Point]) -> tuple[float | None, bool]:
     """The share of intervals with prompt throughput ~0 while generation goes on and requests wait, and
     whether the last interval is one."""
-    prompt_key = "prompt_tokens_computed" if "prompt_tokens_computed" in pts[-1].counters else "prompt_tokens"
+    prompt_key = (
+        Counter.PROMPT_TOKENS_COMPUTED if Counter.PROMPT_TOKENS_COMPUTED in pts[-1].counters else Counter.PROMPT_TOKENS
+    )
     gaps = intervals = 0
     last_gap = False
     for a, b in zip(pts, pts[1:], strict=False):
-        pr, gr = _rate(a, b, prompt_key), _rate(a, b, "generation_tokens")
+        pr, gr = _rate(a, b, prompt_key), _rate(a, b, Counter.GENERATION_TOKENS)
         if pr is None or gr is None:
             continue
         intervals += 1
-        if pr < 1.0 and gr > 0 and b.gauges.get("requests_waiting", 0.0) > 0:
+        if pr < 1.0 and gr > 0 and b.gauges.get(Gauge.REQUESTS_WAITING, 0.0) > 0:
             gaps += 1
             last_gap = b is pts[-1]
     return (gaps / intervals if intervals else None), last_gap
@@ -528,23 +545,23 @@ def stalled_seconds(pts: list[Point]) -> float:
     """How long requests have been present with no prompt or generation token since the last progress."""
     since = None
     for a, b in zip(reversed(pts[:-1]), reversed(pts), strict=False):
-        present = b.gauges.get("requests_running", 0.0) + b.gauges.get("requests_waiting", 0.0) > 0
+        present = b.gauges.get(Gauge.REQUESTS_RUNNING, 0.0) + b.gauges.get(Gauge.REQUESTS_WAITING, 0.0) > 0
         # vLLM counts a prompt's tokens when its prefill completes (and emits nothing before), so a long prompt
         # in chunked prefill shows no token for seconds while its chunks allocate KV blocks: KV usage that moves
         # is progress. A hung engine publishes nothing at all, KV usage included.
         moved = any(
             k in a.counters and k in b.counters and b.counters[k] > a.counters[k]
-            for k in ("generation_tokens", "prompt_tokens")
-        ) or a.gauges.get("kv_cache_usage_ratio") != b.gauges.get("kv_cache_usage_ratio")
+            for k in (Counter.GENERATION_TOKENS, Counter.PROMPT_TOKENS)
+        ) or a.gauges.get(Gauge.KV_CACHE_USAGE_RATIO) != b.gauges.get(Gauge.KV_CACHE_USAGE_RATIO)
         if moved or not present:
             break
         since = a.t
     g = pts[-1].gauges
-    last_present = g.get("requests_running", 0.0) + g.get("requests_waiting", 0.0) > 0
+    last_present = g.get(Gauge.REQUESTS_RUNNING, 0.0) + g.get(Gauge.REQUESTS_WAITING, 0.0) > 0
     return (pts[-1].t - since) if (since is not None and last_present) else 0.0
 
 
-LATENCY_HISTOGRAMS = ("time_to_first_token_seconds", "inter_token_latency_seconds", "queue_time_seconds")
+LATENCY_HISTOGRAMS = (Hist.TIME_TO_FIRST_TOKEN_SECONDS, Hist.INTER_TOKEN_LATENCY_SECONDS, Hist.QUEUE_TIME_SECONDS)
 
 
 def latency_signals(first: Point, last: Point) -> LatencySignals:
@@ -566,13 +583,19 @@ def capacity_signals(
     start; capacity from vLLM's cache_config_info."""
     c = CapacitySignals()
     latest = history.latest
-    pd, gd = _hist_delta(first, last, "request_prompt_tokens"), _hist_delta(first, last, "request_generation_tokens")
+    pd, gd = (
+        _hist_delta(first, last, Hist.REQUEST_PROMPT_TOKENS),
+        _hist_delta(first, last, Hist.REQUEST_GENERATION_TOKENS),
+    )
     if first is not last and pd is not None and gd is not None and pd.count > 0 and gd.count > 0:
         c.mean_prompt_tokens = pd.sum / pd.count
         c.mean_sequence_tokens = c.mean_prompt_tokens + gd.sum / gd.count
         c.sequence_tokens_source = "window"
     elif latest is not None:
-        lp, lg = latest.histograms.get("request_prompt_tokens"), latest.histograms.get("request_generation_tokens")
+        lp, lg = (
+            latest.histograms.get(Hist.REQUEST_PROMPT_TOKENS),
+            latest.histograms.get(Hist.REQUEST_GENERATION_TOKENS),
+        )
         if lp is not None and lg is not None and lp.count > 0 and lg.count > 0:
             c.mean_prompt_tokens = lp.sum / lp.count
             c.mean_sequence_tokens = c.mean_prompt_tokens + lg.sum / lg.count

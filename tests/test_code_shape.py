@@ -58,3 +58,35 @@ def test_every_allow_listed_function_still_needs_it():
     lengths = _lengths()
     stale = [k for k in ALLOWED if lengths.get(k, 0) <= MAX_LINES]
     assert not stale, "allow-listed but missing or no longer over the limit, remove from ALLOWED: " + ", ".join(stale)
+
+
+# The snapshot contract (kvwatch/snapshot.py): snapshot and history keys are Gauge / Counter / Hist members, never a
+# bare string, so a typo cannot silently read None. Looked for: a string literal subscripting, or passed to .get() of,
+# anything named gauges / counters / histograms / hists.
+_SNAPSHOT_DICTS = {"gauges", "counters", "histograms", "hists"}
+
+
+def _bare_string_keys(tree: ast.AST):
+    for node in ast.walk(tree):
+        target, key = None, None
+        if isinstance(node, ast.Subscript):
+            target, key = node.value, node.slice
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get":
+            target, key = node.func.value, node.args[0] if node.args else None
+        name = target.attr if isinstance(target, ast.Attribute) else target.id if isinstance(target, ast.Name) else ""
+        if name in _SNAPSHOT_DICTS and isinstance(key, ast.Constant) and isinstance(key.value, str):
+            yield node.lineno, key.value
+
+
+def test_the_check_for_bare_snapshot_keys_finds_one():
+    tree = ast.parse('x = p.gauges["requests_running"]\ny = snap.counters.get("preemptions")\nz = p.gauges[Gauge.X]')
+    assert list(_bare_string_keys(tree)) == [(1, "requests_running"), (2, "preemptions")]
+
+
+def test_no_snapshot_key_is_a_bare_string_in_kvwatch():
+    found = [
+        f"{path.relative_to(REPO).as_posix()}:{line} {key!r}"
+        for path in sorted((REPO / "kvwatch").rglob("*.py"))
+        for line, key in _bare_string_keys(ast.parse(path.read_text()))
+    ]
+    assert not found, "spell snapshot keys with kvwatch.snapshot's Gauge / Counter / Hist: " + ", ".join(found)

@@ -6,7 +6,7 @@ import pytest
 
 from kvwatch.catalog import Action, Bottleneck, Confidence, Thresholds
 from kvwatch.diagnose import Hints, diagnose_engine
-from kvwatch.normalize import CacheConfig
+from kvwatch.snapshot import CacheConfig
 from kvwatch.state import Target
 from kvwatch.window import Signals, StreakPoint
 from tests.helpers.recordings import FIXTURES, captures, recording
@@ -214,7 +214,7 @@ def test_json_document_shape():
     assert e["confidence"] in {str(c) for c in Confidence} and e["confidence_reason"]
     assert e["evidence"][-1] == f"confidence {e['confidence']}: {e['confidence_reason']}"
     assert "streak" not in e["signals"]  # the queue's samples stay inside kvwatch
-    assert all(set(r) == {"action", "why"} for r in e["recommendations"])
+    assert all(set(r) == {"action", "flag", "why"} and r["flag"] for r in e["recommendations"])
     assert {"kv_cache_usage_ratio", "requests_running", "requests_waiting"} <= set(e["signals"])
     assert captures("kv_cache")  # the capture set is what the README says it is
 

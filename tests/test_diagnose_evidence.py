@@ -18,7 +18,7 @@ import pytest
 
 from kvwatch.catalog import Bottleneck, Confidence, Thresholds
 from kvwatch.diagnose import RULES, Hints, diagnose_engine
-from kvwatch.normalize import CacheConfig, EngineSnapshot, Histogram
+from kvwatch.snapshot import CacheConfig, EngineSnapshot, Histogram
 from kvwatch.window import EngineHistory, summarize
 from tests.test_logs_formats import read, v1, v1_032
 

@@ -18,8 +18,8 @@ from kvwatch.app import Monitor
 from kvwatch.catalog import ScrapeReason
 from kvwatch.config import load_settings
 from kvwatch.export import KvwatchCollector, worst_case
-from kvwatch.normalize import MAX_LABEL_CHARS, OVERFLOW
 from kvwatch.scrape import FetchConfig, Fetcher, ScrapeError
+from kvwatch.snapshot import MAX_LABEL_CHARS, OVERFLOW
 from tests.fault_table import ALL, UPSTREAM
 from tests.helpers.fake_vllm import FakeVllm, bomb
 from tests.helpers.recordings import captures

@@ -15,11 +15,11 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from bench import fuzz as F
+from kvwatch.engines.vllm import keep_family
 from kvwatch.export import KvwatchCollector
-from kvwatch.normalize import keep_family
 from kvwatch.parse import ParseError, parse
 from kvwatch.recording import recording_files
-from kvwatch.state import NoVllmMetrics, Target
+from kvwatch.state import NoEngineMetrics, Target
 
 ROOT = Path(__file__).resolve().parent.parent
 FUZZ = ROOT / "tests" / "fixtures" / "fuzz"
@@ -130,7 +130,7 @@ def _replay(directory: Path) -> list[dict]:
     for t, path in recording_files(directory):
         try:
             target.observe_body(t, path.read_text())
-        except (ParseError, NoVllmMetrics) as e:
+        except (ParseError, NoEngineMetrics) as e:
             target.observe_failure(t, str(e))
         target.diagnosis = target.diagnose(t + 0.25)
         assert generate_latest(registry)

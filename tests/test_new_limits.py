@@ -12,7 +12,7 @@ import re
 
 from kvwatch.catalog import Action, Bottleneck, Confidence
 from kvwatch.diagnose import RULES, Hints, diagnose_engine
-from kvwatch.normalize import normalize
+from kvwatch.engines.vllm import read as normalize
 from kvwatch.parse import parse
 from kvwatch.sim.exposition import render
 from kvwatch.sim.scenario import load_scenario
@@ -223,7 +223,7 @@ def test_a_fast_connector_is_not_kv_transfer():
 
 def wedged_history(n, *, running, waiting, deferred, kv, prompt_per_s, gen_per_s, finished_per_s, cache=None):
     """``n`` one-second /metrics snapshots of an engine holding one state (counters advancing at the given rates)."""
-    from kvwatch.normalize import EngineSnapshot
+    from kvwatch.snapshot import EngineSnapshot
 
     h = EngineHistory("m", "0", keep_seconds=11.0)
     for t in range(n):
@@ -239,7 +239,7 @@ def wedged_history(n, *, running, waiting, deferred, kv, prompt_per_s, gen_per_s
 
 def test_vllm_metal_479_nothing_running_on_an_empty_cache_is_stalled_and_says_the_scheduler_admits_nothing():
     """vllm-project/vllm-metal#479: Running 0, Waiting 6 (capacity 6, deferred 0), KV 0.0, 90000 KV tokens."""
-    from kvwatch.normalize import CacheConfig
+    from kvwatch.snapshot import CacheConfig
 
     cache = CacheConfig(block_size=None, num_gpu_blocks=118, kv_cache_size_tokens=90000, kv_cache_max_concurrency=1.0)
     s = wedged_history(11, running=0.0, waiting=6.0, deferred=0.0, kv=0.0, prompt_per_s=0, gen_per_s=0,
@@ -289,7 +289,7 @@ def test_vllm_53130_figures_without_the_ceiling_or_with_requests_finishing_are_n
 def footprint_history(*, kv_per_request: float, running: float = 3.0):
     """#122's pool (356,667 KV tokens, vLLM: 1.36x at max_model_len 262,144), --max-num-seqs 4, 2.4k-token prompts
     with 400 output tokens, 3 running and 2 waiting for capacity: a request holds ``kv_per_request`` of the pool."""
-    from kvwatch.normalize import CacheConfig, EngineSnapshot, Histogram
+    from kvwatch.snapshot import CacheConfig, EngineSnapshot, Histogram
 
     cache = CacheConfig(kv_cache_size_tokens=356667, kv_cache_max_concurrency=1.36)
     h = EngineHistory("m", "0", keep_seconds=11.0)
@@ -325,8 +325,10 @@ def test_requests_holding_about_their_own_tokens_are_not_named_kv_cache_by_footp
 
 def test_an_upstream_cannot_grow_the_rejection_reasons_without_bound():
     """Reasons are vLLM's label values: beyond MAX_REJECTION_REASONS distinct ones per engine, "other"."""
-    from kvwatch.normalize import MAX_REJECTION_REASONS, REJECTIONS, keep_family, normalize
+    from kvwatch.engines.vllm import keep_family
+    from kvwatch.engines.vllm import read as normalize
     from kvwatch.parse import parse
+    from kvwatch.snapshot import MAX_REJECTION_REASONS, REJECTIONS
 
     lines = ["# TYPE vllm:num_requests_running gauge", 'vllm:num_requests_running{engine="0",model_name="m"} 1',
              "# TYPE vllm:admission_rejections_total counter"]

@@ -5,8 +5,10 @@ offload is reported in the evidence. Bodies are written inline from the source l
 from __future__ import annotations
 
 from kvwatch.diagnose import Hints
-from kvwatch.normalize import REJECTIONS, keep_family, normalize
+from kvwatch.engines.vllm import keep_family
+from kvwatch.engines.vllm import read as normalize
 from kvwatch.parse import parse
+from kvwatch.snapshot import REJECTIONS
 from kvwatch.state import Target
 from tests.helpers.recordings import recording
 from tests.helpers.v033 import fixtures, make

@@ -5,8 +5,10 @@ import math
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvwatch.normalize import OVERFLOW, keep_family, normalize
+from kvwatch.engines.vllm import keep_family
+from kvwatch.engines.vllm import read as normalize
 from kvwatch.parse import parse
+from kvwatch.snapshot import OVERFLOW
 from kvwatch.window import EngineHistory, histogram_quantile, summarize
 from tests.helpers.recordings import FIXTURES, captures, recording
 

@@ -13,6 +13,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from kvwatch.engines import ENGINES
 from kvwatch.app import Monitor
 from kvwatch.catalog import Action, Bottleneck, KvPressure
 from kvwatch.config import load_settings
@@ -72,7 +73,9 @@ async def test_the_catalogue_is_served_to_the_page_not_copied_into_it(client):
     for b, c in zip(Bottleneck, cfg["bottlenecks"], strict=True):
         assert (c["label"], c["meaning"], c["severity"], c["colour"]) == (b.label, b.meaning, b.severity, GRAFANA_HEX[b.colour])
         assert contrast_ratio(c["colour"], c["ink"]) >= 4.5, b  # the badge's text reads on its colour
-    assert cfg["actions"] == {str(a): {"flag": a.flag, "meaning": a.meaning} for a in Action}
+    assert cfg["actions"] == {
+        str(a): {"meaning": a.meaning, "flags": {e.name: e.flag(a) for e in ENGINES}} for a in Action
+    }
     assert {k: v["label"] for k, v in cfg["kv_pressure"].items()} == {str(k): k.label for k in KvPressure}
     assert cfg["thresholds"] == {"admission_stall": 0.9, "preemption_risk": 0.95} and cfg["hints"]["max_num_seqs"] == 16
     assert cfg["history_seconds"] == 900 and cfg["poll_seconds"] == 1.0

@@ -7,9 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvwatch.normalize import keep_family
+from kvwatch.engines.vllm import keep_family
 from kvwatch.parse import ParseError, parse
-
 from tests.helpers.recordings import FIXTURES
 
 ALL_CAPTURES = sorted(FIXTURES.glob("*/*.prom")) + sorted((FIXTURES.parent / "vllm-old").glob("*/*.prom"))

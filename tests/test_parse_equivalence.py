@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import kvwatch.parse as P
 from bench.payloads import big, real_bodies, relabel
-from kvwatch.normalize import keep_family
+from kvwatch.engines.vllm import keep_family
 
 
 def _dump(families):

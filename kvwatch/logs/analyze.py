@@ -23,7 +23,16 @@ from typing import Any, Generic, TypeVar
 from kvwatch.catalog import VLLM_SLEEP_TAGS, Bottleneck, Source, Thresholds
 from kvwatch.diagnose import Diagnosis, Hints, diagnose_engine
 from kvwatch.logs.records import Event, StatsRecord
-from kvwatch.normalize import KV_FETCH_STAGES, OVERFLOW, SLEEP_LEVEL_UNKNOWN, CacheConfig, EngineSnapshot
+from kvwatch.snapshot import (
+    KV_FETCH_STAGES,
+    OVERFLOW,
+    SLEEP_LEVEL_UNKNOWN,
+    CacheConfig,
+    Counter,
+    EngineSnapshot,
+    Gauge,
+    kv_fetch_gauge,
+)
 from kvwatch.window import RECENT, EngineHistory, Measured, summarize
 
 __all__ = ["LogAnalyzer", "RecordResult", "ServerConfig"]
@@ -389,16 +398,19 @@ class LogAnalyzer:
 
     def _snapshot(self, rec: StatsRecord, e: _Engine, cache) -> EngineSnapshot:
         """The record as the core's snapshot: its instants as gauges, its averages summed into counters."""
-        gauges = {"requests_running": float(rec.requests_running), "requests_waiting": float(rec.requests_waiting)}
+        gauges: dict[str, float] = {
+            Gauge.REQUESTS_RUNNING: float(rec.requests_running),
+            Gauge.REQUESTS_WAITING: float(rec.requests_waiting),
+        }
         if rec.kv_cache_usage_ratio is not None:
-            gauges["kv_cache_usage_ratio"] = rec.kv_cache_usage_ratio
+            gauges[Gauge.KV_CACHE_USAGE_RATIO] = rec.kv_cache_usage_ratio
         if rec.requests_swapped is not None:
-            gauges["requests_swapped"] = float(rec.requests_swapped)
+            gauges[Gauge.REQUESTS_SWAPPED] = float(rec.requests_swapped)
         if rec.requests_deferred is not None:
-            gauges["requests_waiting_deferred"] = float(rec.requests_deferred)
-        if rec.kv_fetch is not None:  # the /metrics gauges' names (normalize: num_requests_kv_fetch_by_stage)
-            gauges.update((f"kv_fetch_{k}", float(v)) for k, v in zip(KV_FETCH_STAGES, rec.kv_fetch, strict=True))
-        counters = {"prompt_tokens": e.prompt, "generation_tokens": e.generation}
+            gauges[Gauge.REQUESTS_WAITING_DEFERRED] = float(rec.requests_deferred)
+        if rec.kv_fetch is not None:  # the /metrics gauges (vLLM: num_requests_kv_fetch_by_stage)
+            gauges.update((kv_fetch_gauge(k), float(v)) for k, v in zip(KV_FETCH_STAGES, rec.kv_fetch, strict=True))
+        counters: dict[str, float] = {Counter.PROMPT_TOKENS: e.prompt, Counter.GENERATION_TOKENS: e.generation}
         snap = EngineSnapshot(e.history.model_name, rec.engine, gauges=gauges, counters=counters, cache=cache)
         if self._asleep(rec.engine):
             snap.sleep_level = SLEEP_LEVEL_UNKNOWN

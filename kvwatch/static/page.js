@@ -358,8 +358,8 @@
   function recommendations(e) {
     if (!e.recommendations.length) return h("p", { className: "empty-note" }, "Nothing to change.");
     return h("ol", {}, e.recommendations.map((r) => {
-      const a = CFG.actions[r.action] || { flag: r.action, meaning: "" };
-      return h("li", { "data-action": r.action, title: a.meaning }, h("span", { className: "rec-flag mono" }, a.flag), ": " + r.why);
+      const a = CFG.actions[r.action] || { meaning: "" };
+      return h("li", { "data-action": r.action, title: a.meaning }, h("span", { className: "rec-flag mono" }, r.flag || r.action), ": " + r.why);
     }));
   }
 

@@ -1,4 +1,4 @@
-"""Map every vLLM release's metric names onto one canonical snapshot per (model_name, engine).
+"""vLLM's adapter: every release's metric names onto one snapshot (kvwatch.snapshot) per (model_name, engine).
 
 Names by release (from vLLM's ``vllm/engine/metrics.py`` for V0 and ``vllm/v1/metrics/loggers.py`` for V1):
 - V0 (<= 0.10): no ``engine`` label; ``gpu_cache_usage_perc``, ``num_requests_swapped``,
@@ -23,68 +23,62 @@ Unknown families are ignored.
 
 from __future__ import annotations
 
-import hashlib
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass, field
 
+from kvwatch.catalog import Action, Bottleneck
+from kvwatch.engines import Engine
 from kvwatch.parse import Family, Sample
+from kvwatch.snapshot import (
+    KV_FETCH_STAGES,
+    MAX_REJECTION_REASONS,
+    OVERFLOW,
+    REJECTIONS,
+    CacheConfig,
+    Counter,
+    EngineSnapshot,
+    Gauge,
+    Hist,
+    Histogram,
+    kv_fetch_gauge,
+    rejection_counter,
+    short_label,
+)
 
-__all__ = [
-    "CacheConfig",
-    "EngineSnapshot",
-    "Histogram",
-    "KEEP_FAMILIES",
-    "MAX_LABEL_CHARS",
-    "normalize",
-    "OVERFLOW",
-    "short_label",
-]
-
-OVERFLOW = "_overflow"
-# model_name / engine values longer than this are shortened before kvwatch keeps or exports them: a hostile or
-# broken upstream's 1 MB label would otherwise be copied into every kvwatch series, the JSON API and the page.
-# vLLM's model_name is the served name (a Hugging Face id or a path), engine an index: far shorter.
-MAX_LABEL_CHARS = 128
-_DIGEST_CHARS = 16
+__all__ = ["ENGINE", "FLAGS", "KEEP_FAMILIES", "keep_family", "read"]
 
 # canonical name -> vLLM family names, most recent first. The first one present wins.
-GAUGES: dict[str, tuple[str, ...]] = {
-    "kv_cache_usage_ratio": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
-    "requests_running": ("vllm:num_requests_running",),
-    "requests_waiting": ("vllm:num_requests_waiting",),
-    "requests_swapped": ("vllm:num_requests_swapped",),
-    "prefix_cache_hit_rate": ("vllm:gpu_prefix_cache_hit_rate",),  # V0 only: a ratio, not counters
+GAUGES: dict[Gauge, tuple[str, ...]] = {
+    Gauge.KV_CACHE_USAGE_RATIO: ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+    Gauge.REQUESTS_RUNNING: ("vllm:num_requests_running",),
+    Gauge.REQUESTS_WAITING: ("vllm:num_requests_waiting",),
+    Gauge.REQUESTS_SWAPPED: ("vllm:num_requests_swapped",),
+    Gauge.PREFIX_CACHE_HIT_RATE: ("vllm:gpu_prefix_cache_hit_rate",),  # V0 only: a ratio, not counters
 }
 # Counters by family name (prometheus_client convention: without _total).
-COUNTERS: dict[str, tuple[str, ...]] = {
-    "preemptions": ("vllm:num_preemptions",),
-    "prompt_tokens": ("vllm:prompt_tokens",),
-    "generation_tokens": ("vllm:generation_tokens",),
-    "prefix_cache_queries": ("vllm:prefix_cache_queries", "vllm:gpu_prefix_cache_queries"),
-    "prefix_cache_hits": ("vllm:prefix_cache_hits", "vllm:gpu_prefix_cache_hits"),
-    "requests_finished": ("vllm:request_success",),
+COUNTERS: dict[Counter, tuple[str, ...]] = {
+    Counter.PREEMPTIONS: ("vllm:num_preemptions",),
+    Counter.PROMPT_TOKENS: ("vllm:prompt_tokens",),
+    Counter.GENERATION_TOKENS: ("vllm:generation_tokens",),
+    Counter.PREFIX_CACHE_QUERIES: ("vllm:prefix_cache_queries", "vllm:gpu_prefix_cache_queries"),
+    Counter.PREFIX_CACHE_HITS: ("vllm:prefix_cache_hits", "vllm:gpu_prefix_cache_hits"),
+    Counter.REQUESTS_FINISHED: ("vllm:request_success",),
 }
-HISTOGRAMS: dict[str, tuple[str, ...]] = {
-    "iteration_tokens": ("vllm:iteration_tokens_total",),
-    "request_prompt_tokens": ("vllm:request_prompt_tokens",),
-    "request_generation_tokens": ("vllm:request_generation_tokens",),
-    "time_to_first_token_seconds": ("vllm:time_to_first_token_seconds",),
-    "inter_token_latency_seconds": ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
-    "queue_time_seconds": ("vllm:request_queue_time_seconds",),
+HISTOGRAMS: dict[Hist, tuple[str, ...]] = {
+    Hist.ITERATION_TOKENS: ("vllm:iteration_tokens_total",),
+    Hist.REQUEST_PROMPT_TOKENS: ("vllm:request_prompt_tokens",),
+    Hist.REQUEST_GENERATION_TOKENS: ("vllm:request_generation_tokens",),
+    Hist.TIME_TO_FIRST_TOKEN_SECONDS: ("vllm:time_to_first_token_seconds",),
+    Hist.INTER_TOKEN_LATENCY_SECONDS: ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
+    Hist.QUEUE_TIME_SECONDS: ("vllm:request_queue_time_seconds",),
 }
 PROMPT_BY_SOURCE = "vllm:prompt_tokens_by_source"  # {source="local_compute"} is the prefill work done
 WAITING_BY_REASON = "vllm:num_requests_waiting_by_reason"
+_WAITING_BY_REASON = {"capacity": Gauge.REQUESTS_WAITING_CAPACITY, "deferred": Gauge.REQUESTS_WAITING_DEFERRED}
 CACHE_CONFIG = "vllm:cache_config_info"
 LORA_INFO = "vllm:lora_requests_info"
 SLEEP_STATE = "vllm:engine_sleep_state"
 ADMISSION_REJECTIONS = "vllm:admission_rejections"  # a counter: the family name without _total
-REJECTIONS = "admission_rejections:"  # + reason: the snapshot's counter key
-# vLLM's reasons (max_num_queued_reqs, max_num_queued_tokens) and room for a few more; any further distinct
-# reason an upstream sends is counted under "other", so kvwatch's own /metrics stays bounded (export.worst_case).
-MAX_REJECTION_REASONS = 4
 KV_FETCH = "vllm:num_requests_kv_fetch_by_stage"  # 0.33, a P/D decode engine (kv_consumer) only
-KV_FETCH_STAGES = ("waiting_to_start", "in_progress", "completed_waiting")  # 0.33 v1/metrics/stats.py
 
 # CPU KV offload, 0.33 (vllm/v1/kv_offload/cpu/common.py CPUOffloadingMetrics; gauge and counter as the CPU
 # spec's build_metric_definitions declares them). The gauge is the share of the CPU tier *pinned by in-flight
@@ -105,59 +99,6 @@ def keep_family(name: str) -> bool:
     if name.startswith(_RAY):
         name = "vllm:" + name[len(_RAY) :]
     return name in KEEP_FAMILIES
-
-
-@dataclass(slots=True)
-class Histogram:
-    bounds: tuple[float, ...]  # bucket upper bounds, ascending, last is +Inf
-    counts: Sequence[float]  # cumulative counts per bound (a list, or an array('d') in the window's history)
-    sum: float = 0.0
-    count: float = 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class CacheConfig:
-    block_size: int | None = None
-    num_gpu_blocks: int | None = None
-    kv_cache_size_tokens: int | None = None
-    kv_cache_max_concurrency: float | None = None
-    cache_dtype: str | None = None
-    enable_prefix_caching: bool | None = None
-    gpu_memory_utilization: float | None = None
-    kv_cache_memory_bytes: int | None = None  # set when --kv-cache-memory-bytes overrides gpu_memory_utilization
-
-    @property
-    def capacity_tokens(self) -> int | None:
-        if self.kv_cache_size_tokens:
-            return self.kv_cache_size_tokens
-        if self.num_gpu_blocks and self.block_size:
-            return self.num_gpu_blocks * self.block_size
-        return None
-
-    @property
-    def max_model_len(self) -> int | None:
-        """vLLM reports concurrency at max_model_len, so capacity / concurrency recovers it."""
-        cap = self.capacity_tokens
-        if cap and self.kv_cache_max_concurrency:
-            return round(cap / self.kv_cache_max_concurrency)
-        return None
-
-
-@dataclass(slots=True)
-class EngineSnapshot:
-    model_name: str
-    engine: str
-    gauges: dict[str, float] = field(default_factory=dict)
-    counters: dict[str, float] = field(default_factory=dict)
-    histograms: dict[str, Histogram] = field(default_factory=dict)
-    cache: CacheConfig | None = None
-    lora_running: int | None = None
-    lora_waiting: int | None = None
-    max_lora: int | None = None
-    # 0 awake, 1 weights offloaded, 2 weights discarded (engine_sleep_state); SLEEP_LEVEL_UNKNOWN asleep at a level
-    # not known (vLLM's log says it fell asleep, not at which level)
-    sleep_level: int | None = None
-    folded: int = 0  # the overflow snapshot: how many (model_name, engine) pairs beyond max_engines it holds
 
 
 _BOUNDS: dict[str, float] = {}  # "le" label text -> bucket bound; the same few recur on every scrape
@@ -210,7 +151,7 @@ def _adapters(value: str | None) -> int:
     return len([a for a in (value or "").split(",") if a.strip()])
 
 
-def normalize(families: dict[str, Family], max_engines: int = 64) -> dict[tuple[str, str], EngineSnapshot]:
+def read(families: dict[str, Family], max_engines: int = 64) -> dict[tuple[str, str], EngineSnapshot]:
     """Canonical snapshots keyed by (model_name, engine). Empty if no vLLM series is present.
 
     Beyond ``max_engines`` distinct keys, the rest fold into (``_overflow``, ``_overflow``) so a
@@ -237,15 +178,6 @@ def normalize(families: dict[str, Family], max_engines: int = 64) -> dict[tuple[
     _apply_admission_rejections(fams.get(ADMISSION_REJECTIONS), out)
     _read_kv_offload(fams, snap)
     return out
-
-
-def short_label(value: str) -> str:
-    """``value`` if at most MAX_LABEL_CHARS long, else its start, "...", and 16 hex digits of its SHA-256: stable
-    (the same value, the same label on every scrape) and distinct (two long values sharing a start differ)."""
-    if len(value) <= MAX_LABEL_CHARS:
-        return value
-    digest = hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:_DIGEST_CHARS]
-    return f"{value[: MAX_LABEL_CHARS - _DIGEST_CHARS - 3]}...{digest}"
 
 
 def _engine_index(max_engines: int):
@@ -303,9 +235,10 @@ def _read_waiting_by_reason(fam: Family | None, snap) -> None:
         return
     for smp in fam.samples:
         reason = smp.labels.get("reason", "")
-        if reason in ("capacity", "deferred") and math.isfinite(smp.value):
+        if reason in _WAITING_BY_REASON and math.isfinite(smp.value):
             g = snap(smp.labels).gauges
-            g["requests_waiting_" + reason] = g.get("requests_waiting_" + reason, 0.0) + smp.value
+            key = _WAITING_BY_REASON[reason]
+            g[key] = g.get(key, 0.0) + smp.value
 
 
 def _read_counters(fams: dict[str, Family], snap) -> None:
@@ -328,7 +261,7 @@ def _read_prompt_computed(fam: Family | None, snap) -> None:
     for smp in fam.samples:
         if smp.labels.get("source") == "local_compute" and smp.name.endswith("_total") and math.isfinite(smp.value):
             c = snap(smp.labels).counters
-            c["prompt_tokens_computed"] = c.get("prompt_tokens_computed", 0.0) + smp.value
+            c[Counter.PROMPT_TOKENS_COMPUTED] = c.get(Counter.PROMPT_TOKENS_COMPUTED, 0.0) + smp.value
 
 
 def _read_histograms(canon: str, fam: Family, snap, out: dict[tuple[str, str], EngineSnapshot]) -> None:
@@ -409,9 +342,6 @@ def _apply_lora_info(fam: Family | None, out: dict[tuple[str, str], EngineSnapsh
             s.max_lora = _num(smp.labels.get("max_lora"), int)
 
 
-SLEEP_LEVEL_UNKNOWN = -1
-
-
 # vLLM 0.32/0.33 loggers.py PrometheusStatLogger.record_sleep_state: per engine, awake=1 and the others 0 while
 # awake; asleep, awake=0 and weights_offloaded=1 (level 1) or discard_all=1 (level 2).
 _SLEEP_LEVELS = {"weights_offloaded": 1, "discard_all": 2}
@@ -447,7 +377,7 @@ def _apply_admission_rejections(fam: Family | None, out: dict[tuple[str, str], E
         if not reason or not smp.name.endswith("_total") or not math.isfinite(smp.value):
             continue
         for s in _in_scope(out, smp.labels.get("model_name"), smp.labels.get("engine")):
-            key = REJECTIONS + _bounded_reason(s.counters, reason)
+            key = rejection_counter(_bounded_reason(s.counters, reason))
             s.counters[key] = s.counters.get(key, 0.0) + smp.value
 
 
@@ -466,7 +396,7 @@ def _read_prompt_external(fam: Family | None, snap) -> None:
         if smp.labels.get("source") == "external_kv_transfer" and smp.name.endswith("_total"):
             if math.isfinite(smp.value):
                 c = snap(smp.labels).counters
-                c["prompt_tokens_external"] = c.get("prompt_tokens_external", 0.0) + smp.value
+                c[Counter.PROMPT_TOKENS_EXTERNAL] = c.get(Counter.PROMPT_TOKENS_EXTERNAL, 0.0) + smp.value
 
 
 def _read_kv_fetch(fam: Family | None, snap) -> None:
@@ -478,7 +408,8 @@ def _read_kv_fetch(fam: Family | None, snap) -> None:
         stage = smp.labels.get("stage")
         if stage in KV_FETCH_STAGES and math.isfinite(smp.value):
             g = snap(smp.labels).gauges
-            g["kv_fetch_" + stage] = g.get("kv_fetch_" + stage, 0.0) + smp.value
+            key = kv_fetch_gauge(stage)
+            g[key] = g.get(key, 0.0) + smp.value
 
 
 def _read_kv_offload(fams: dict[str, Family], snap) -> None:
@@ -487,8 +418,41 @@ def _read_kv_offload(fams: dict[str, Family], snap) -> None:
     for smp in pinned.samples if pinned is not None else ():
         if math.isfinite(smp.value):
             g = snap(smp.labels).gauges
-            g["kv_offload_pinned_ratio"] = max(g.get("kv_offload_pinned_ratio", 0.0), smp.value)
+            g[Gauge.KV_OFFLOAD_PINNED_RATIO] = max(g.get(Gauge.KV_OFFLOAD_PINNED_RATIO, 0.0), smp.value)
     for smp in skipped.samples if skipped is not None else ():
         if smp.name.endswith("_total") and math.isfinite(smp.value):
             c = snap(smp.labels).counters
-            c["kv_offload_stores_skipped"] = c.get("kv_offload_stores_skipped", 0.0) + smp.value
+            c[Counter.KV_OFFLOAD_STORES_SKIPPED] = c.get(Counter.KV_OFFLOAD_STORES_SKIPPED, 0.0) + smp.value
+
+
+# vLLM's spelling of each action (vllm/engine/arg_utils.py EngineArgs; the operations are not flags).
+FLAGS: dict[Action, str] = {
+    Action.FP8_KV_CACHE: "--kv-cache-dtype fp8",
+    Action.ENABLE_PREFIX_CACHING: "--enable-prefix-caching",
+    Action.REDUCE_MAX_MODEL_LEN: "--max-model-len",
+    Action.RAISE_GPU_MEMORY_UTILIZATION: "--gpu-memory-utilization",
+    Action.RAISE_MAX_NUM_SEQS: "--max-num-seqs",
+    Action.LOWER_MAX_NUM_SEQS: "--max-num-seqs",
+    Action.RAISE_MAX_NUM_BATCHED_TOKENS: "--max-num-batched-tokens",
+    Action.RAISE_MAX_LORAS: "--max-loras",
+    Action.SCALE_PREFILL_SIDE: "prefill engines / --kv-transfer-config",
+    Action.ADD_REPLICA: "replicas",
+    Action.RESTART_ENGINE: "restart",
+}
+
+_OWN_PREFIXES = ("vllm:", _RAY)
+
+
+def recognise(name: str) -> bool:
+    return name.startswith(_OWN_PREFIXES) and keep_family(name)
+
+
+ENGINE = Engine(
+    name="vllm",
+    title="vLLM",
+    keep_family=keep_family,
+    recognise=recognise,
+    read=read,
+    flags=FLAGS,
+    shows=frozenset(Bottleneck),  # every limit kvwatch knows was first learnt on vLLM
+)

@@ -1,0 +1,74 @@
+"""The engine contract: one module per serving engine, each an ``Engine`` that reads its own ``/metrics`` families
+into ``kvwatch.snapshot.EngineSnapshot``s. Shaped like node_exporter's collectors / blackbox_exporter's probers:
+the registry (``ENGINES``) lists them, and everything downstream (window, diagnose, export, the page) is
+engine-neutral, asking the engine only for its name, its flags' spellings and which limits it can show at all.
+
+Adding an engine is one module here, its line in ``ENGINES`` and its tests (CONTRIBUTING.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from kvwatch.catalog import Action, Bottleneck
+from kvwatch.parse import Family
+from kvwatch.snapshot import EngineSnapshot
+
+__all__ = ["AUTO", "ENGINES", "Engine", "by_name", "detect", "keep_any", "names"]
+
+AUTO = "auto"
+
+Snapshots = dict[tuple[str, str], EngineSnapshot]
+
+
+@dataclass(frozen=True, slots=True)
+class Engine:
+    """One serving engine as kvwatch reads it."""
+
+    name: str  # the --engine value and the engine_type label: "vllm"
+    title: str  # for people: "vLLM"
+    keep_family: Callable[[str], bool]  # the parser's filter: only the families ``read`` uses are tokenised
+    recognise: Callable[[str], bool]  # a family name that only this engine exports (auto-detection)
+    read: Callable[[dict[str, Family], int], Snapshots]  # families -> snapshots by (model_name, engine), bounded
+    flags: Mapping[Action, str]  # the engine's own spelling of each action's flag (or operation)
+    shows: frozenset[Bottleneck]  # the limits its signals can show at all: no other is ever named for it
+    metrics_path: str = "/metrics"  # where it serves Prometheus text
+    cannot_tell: str = ""  # for people: what its metrics cannot show
+
+    def flag(self, action: Action) -> str:
+        return self.flags.get(action, "")
+
+
+def _registry() -> tuple[Engine, ...]:
+    from kvwatch.engines import vllm  # noqa: PLC0415 - the adapters import this module's Engine
+
+    return (vllm.ENGINE,)
+
+
+ENGINES: tuple[Engine, ...] = _registry()
+_BY_NAME = {e.name: e for e in ENGINES}
+
+
+def names() -> tuple[str, ...]:
+    return tuple(_BY_NAME)
+
+
+def by_name(name: str) -> Engine:
+    return _BY_NAME[name]
+
+
+def keep_any(name: str) -> bool:
+    """The parser's filter when the engine is chosen from the scrape: any engine's families."""
+    return any(e.keep_family(name) for e in ENGINES)
+
+
+def detect(family_names: Iterable[str]) -> Engine | None:
+    """The engine whose own families the scrape carries most of (None: none of any engine's)."""
+    counts = {e.name: 0 for e in ENGINES}
+    for n in family_names:
+        for e in ENGINES:
+            if e.recognise(n):
+                counts[e.name] += 1
+    best = max(counts, key=counts.__getitem__, default=None)
+    return _BY_NAME[best] if best is not None and counts[best] else None
