@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 import string
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from kvwatch.capacity import capacity_sequences, demand_sequences, effective_capacity, lora_slots_full
 from kvwatch.catalog import Action, Bottleneck, Confidence, KvPressure, Source, Thresholds, most_severe
@@ -794,6 +794,7 @@ def diagnose_engine(
 ) -> Diagnosis:
     """The first rule's verdict that names a limit ``engine`` can show at all (the rules themselves are
     engine-neutral: they read the snapshot contract), its advice in the engine's own flags."""
+    hints = _with_engine_limits(hints, s)
     verdict = next(v for v in (rule(s, hints, th) for rule in RULES) if v is not None and v.bottleneck in engine.shows)
     facts = [*verdict.facts, *_rejection_facts(s, verdict.bottleneck), *_offload_facts(s)]
     facts.append(("confidence", {"level": verdict.confidence, "reason": verdict.reason}))
@@ -809,6 +810,16 @@ def diagnose_engine(
     d.max_num_batched_tokens = verdict.max_num_batched_tokens or d.max_num_batched_tokens
     _add_capacity(d)
     return d
+
+
+def _with_engine_limits(hints: Hints, s: Signals) -> Hints:
+    """Limits the engine exports itself count as configured, as the hints do; a hint given wins."""
+    c = s.capacity
+    if hints.max_num_seqs is None and c.max_running_requests:
+        hints = replace(hints, max_num_seqs=c.max_running_requests)
+    if hints.max_num_batched_tokens is None and c.max_step_tokens:
+        hints = replace(hints, max_num_batched_tokens=c.max_step_tokens)
+    return hints
 
 
 def _in_engine_words(r: Recommendation, engine: Engine) -> Recommendation:

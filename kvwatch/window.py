@@ -254,6 +254,10 @@ class CapacitySignals:
     max_lora: int | None = None
     asleep: bool | None = None  # vLLM's engine_sleep_state, latest scrape (None: not exported)
     sleep_level: int | None = None  # 1 weights offloaded to CPU, 2 weights discarded
+    # Limits the engine exports itself (TensorRT-LLM's max_num_active_requests / max_num_tokens, llama.cpp's busy
+    # slots while requests are deferred), latest scrape: the rules take them as configured
+    max_running_requests: int | None = None
+    max_step_tokens: int | None = None
 
 
 @dataclass(slots=True)
@@ -541,8 +545,15 @@ def throughput_gap(pts: list[Point]) -> tuple[float | None, bool]:
     return (gaps / intervals if intervals else None), last_gap
 
 
+_PROGRESS = (Counter.GENERATION_TOKENS, Counter.PROMPT_TOKENS, Counter.ENGINE_STEPS)
+
+
 def stalled_seconds(pts: list[Point]) -> float:
-    """How long requests have been present with no prompt or generation token since the last progress."""
+    """How long requests have been present with no prompt or generation token since the last progress. 0 when the
+    engine shows no progress at all, neither a token counter nor a KV gauge: no stall is judged on silence."""
+    last = pts[-1]
+    if Gauge.KV_CACHE_USAGE_RATIO not in last.gauges and not any(k in last.counters for k in _PROGRESS):
+        return 0.0
     since = None
     for a, b in zip(reversed(pts[:-1]), reversed(pts), strict=False):
         present = b.gauges.get(Gauge.REQUESTS_RUNNING, 0.0) + b.gauges.get(Gauge.REQUESTS_WAITING, 0.0) > 0
@@ -550,8 +561,7 @@ def stalled_seconds(pts: list[Point]) -> float:
         # in chunked prefill shows no token for seconds while its chunks allocate KV blocks: KV usage that moves
         # is progress. A hung engine publishes nothing at all, KV usage included.
         moved = any(
-            k in a.counters and k in b.counters and b.counters[k] > a.counters[k]
-            for k in (Counter.GENERATION_TOKENS, Counter.PROMPT_TOKENS)
+            k in a.counters and k in b.counters and b.counters[k] > a.counters[k] for k in _PROGRESS
         ) or a.gauges.get(Gauge.KV_CACHE_USAGE_RATIO) != b.gauges.get(Gauge.KV_CACHE_USAGE_RATIO)
         if moved or not present:
             break
@@ -603,6 +613,7 @@ def capacity_signals(
     if latest is not None:
         c.cache = latest.cache
         c.lora_running, c.lora_waiting, c.max_lora = latest.lora_running, latest.lora_waiting, latest.max_lora
+        c.max_running_requests, c.max_step_tokens = latest.max_running_requests, latest.max_step_tokens
         if latest.sleep_level is not None:  # SLEEP_LEVEL_UNKNOWN (-1): asleep, level None
             c.asleep, c.sleep_level = latest.sleep_level != 0, latest.sleep_level if latest.sleep_level > 0 else None
     cap = c.cache.capacity_tokens if c.cache else None

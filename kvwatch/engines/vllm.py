@@ -27,21 +27,19 @@ import math
 
 from kvwatch.catalog import Action, Bottleneck
 from kvwatch.engines import Engine
+from kvwatch.engines._common import engine_index, first_present, num, read_histograms
 from kvwatch.parse import Family, Sample
 from kvwatch.snapshot import (
     KV_FETCH_STAGES,
     MAX_REJECTION_REASONS,
-    OVERFLOW,
     REJECTIONS,
     CacheConfig,
     Counter,
     EngineSnapshot,
     Gauge,
     Hist,
-    Histogram,
     kv_fetch_gauge,
     rejection_counter,
-    short_label,
 )
 
 __all__ = ["ENGINE", "FLAGS", "KEEP_FAMILIES", "keep_family", "read"]
@@ -101,49 +99,17 @@ def keep_family(name: str) -> bool:
     return name in KEEP_FAMILIES
 
 
-_BOUNDS: dict[str, float] = {}  # "le" label text -> bucket bound; the same few recur on every scrape
-# Bucket layouts -> one shared tuple: the window keeps a dozen histograms per engine, each with its
-# bounds; sharing them saves memory and makes the window's layout comparisons identity checks.
-_SHARED_BOUNDS: dict[tuple[float, ...], tuple[float, ...]] = {}
-
-
-def _bound(text: str) -> float | None:
-    le = _BOUNDS.get(text)
-    if le is None:
-        try:
-            le = float(text)
-        except ValueError:
-            return None
-        if le == le:  # NaN is never shared: each one stays a distinct key, as float() makes it
-            if len(_BOUNDS) >= 4096:
-                _BOUNDS.clear()
-            _BOUNDS[text] = le
-    return le
-
-
-def _num(value: str | None, kind=float):
-    if value is None or value in ("", "None", "none", "null"):
-        return None
-    try:
-        x = float(value)
-    except ValueError:
-        return None
-    if not math.isfinite(x):
-        return None
-    return int(x) if kind is int else x
-
-
 def _cache_config(labels: dict[str, str]) -> CacheConfig:
     pc = labels.get("enable_prefix_caching")
     return CacheConfig(
-        block_size=_num(labels.get("block_size"), int),
-        num_gpu_blocks=_num(labels.get("num_gpu_blocks"), int),
-        kv_cache_size_tokens=_num(labels.get("kv_cache_size_tokens"), int),
-        kv_cache_max_concurrency=_num(labels.get("kv_cache_max_concurrency")),
+        block_size=num(labels.get("block_size"), int),
+        num_gpu_blocks=num(labels.get("num_gpu_blocks"), int),
+        kv_cache_size_tokens=num(labels.get("kv_cache_size_tokens"), int),
+        kv_cache_max_concurrency=num(labels.get("kv_cache_max_concurrency")),
         cache_dtype=labels.get("cache_dtype"),
         enable_prefix_caching=None if pc is None else pc.lower() == "true",
-        gpu_memory_utilization=_num(labels.get("gpu_memory_utilization")),
-        kv_cache_memory_bytes=_num(labels.get("kv_cache_memory_bytes"), int),
+        gpu_memory_utilization=num(labels.get("gpu_memory_utilization")),
+        kv_cache_memory_bytes=num(labels.get("kv_cache_memory_bytes"), int),
     )
 
 
@@ -158,7 +124,7 @@ def read(families: dict[str, Family], max_engines: int = 64) -> dict[tuple[str, 
     misbehaving upstream cannot blow up our own series count.
     """
     fams = {(n.replace(_RAY, "vllm:", 1) if n.startswith(_RAY) else n): f for n, f in families.items()}
-    snap, out = _engine_index(max_engines)
+    snap, out = engine_index(max_engines)
     # The order matters: snapshots, and the keys inside them, are created in the order first seen.
     _read_gauges(fams, snap)
     _read_waiting_by_reason(fams.get(WAITING_BY_REASON), snap)
@@ -167,9 +133,9 @@ def read(families: dict[str, Family], max_engines: int = 64) -> dict[tuple[str, 
     _read_prompt_external(fams.get(PROMPT_BY_SOURCE), snap)
     _read_kv_fetch(fams.get(KV_FETCH), snap)
     for canon, names in HISTOGRAMS.items():
-        fam = _first_present(fams, names)
+        fam = first_present(fams, names)
         if fam is not None:
-            _read_histograms(canon, fam, snap, out)
+            read_histograms(canon, fam, snap, out)
     if not out:
         return out  # no vLLM series: config and info families alone make no engine
     _apply_cache_config(fams.get(CACHE_CONFIG), out)
@@ -180,43 +146,10 @@ def read(families: dict[str, Family], max_engines: int = 64) -> dict[tuple[str, 
     return out
 
 
-def _engine_index(max_engines: int):
-    """``snap(labels)`` -> the snapshot a series belongs to, and ``out``, the snapshots by key.
-
-    Series are keyed as labelled until ``max_engines`` keys exist; every later key shares the
-    overflow snapshot. A closure, not a class: it is called once per sample.
-    """
-    by_raw: dict[tuple[str, str], EngineSnapshot] = {}  # as labelled; beyond max_engines they share one
-    out: dict[tuple[str, str], EngineSnapshot] = {}
-
-    def snap(labels: dict[str, str]) -> EngineSnapshot:
-        raw = (labels.get("model_name", ""), labels.get("engine", "0"))
-        s = by_raw.get(raw)
-        if s is None:  # a new pair: shortened once here, never per sample
-            key = (short_label(raw[0]), short_label(raw[1])) if len(by_raw) < max_engines else (OVERFLOW, OVERFLOW)
-            s = out.get(key)
-            if s is None:
-                s = out[key] = EngineSnapshot(*key)
-            s.folded += key == (OVERFLOW, OVERFLOW)
-            by_raw[raw] = s
-        return s
-
-    return snap, out
-
-
-def _first_present(fams: dict[str, Family], names: tuple[str, ...]) -> Family | None:
-    """The family of the newest vLLM name that has samples (releases renamed several metrics)."""
-    for n in names:
-        fam = fams.get(n)
-        if fam is not None and fam.samples:
-            return fam
-    return None
-
-
 def _read_gauges(fams: dict[str, Family], snap) -> None:
     isfinite = math.isfinite
     for canon, names in GAUGES.items():
-        fam = _first_present(fams, names)
+        fam = first_present(fams, names)
         if fam is None:
             continue
         # Ratios fold by max (an overflow bucket must not read above 1); counts add.
@@ -244,7 +177,7 @@ def _read_waiting_by_reason(fam: Family | None, snap) -> None:
 def _read_counters(fams: dict[str, Family], snap) -> None:
     isfinite = math.isfinite
     for canon, names in COUNTERS.items():
-        fam = _first_present(fams, names)
+        fam = first_present(fams, names)
         if fam is None:
             continue
         for smp in fam.samples:
@@ -262,51 +195,6 @@ def _read_prompt_computed(fam: Family | None, snap) -> None:
         if smp.labels.get("source") == "local_compute" and smp.name.endswith("_total") and math.isfinite(smp.value):
             c = snap(smp.labels).counters
             c[Counter.PROMPT_TOKENS_COMPUTED] = c.get(Counter.PROMPT_TOKENS_COMPUTED, 0.0) + smp.value
-
-
-def _read_histograms(canon: str, fam: Family, snap, out: dict[tuple[str, str], EngineSnapshot]) -> None:
-    for key, (buckets, (hsum, hcount)) in _sum_histogram_series(fam, snap).items():
-        if not buckets or math.inf not in buckets:
-            continue  # a histogram without +Inf is not usable for quantiles
-        if not (math.isfinite(hsum) and math.isfinite(hcount) and all(map(math.isfinite, buckets.values()))):
-            continue  # NaN or an infinite count (or sums that overflowed): unusable, like a missing one
-        out[key].histograms[canon] = _histogram(buckets, hsum, hcount)
-
-
-def _sum_histogram_series(fam: Family, snap) -> dict[tuple[str, str], tuple[dict[float, float], list[float]]]:
-    """Per snapshot key: buckets {bound: count} and [sum, count], added over the series folded into it."""
-    acc: dict[tuple[str, str], tuple[dict[float, float], list[float]]] = {}
-    acc_raw: dict[tuple[str, str], tuple[dict[float, float], list[float]]] = {}  # the same, by raw labels
-    for smp in fam.samples:
-        name = smp.name
-        if name.endswith("_created"):
-            continue
-        labels = smp.labels
-        # Looked up by raw labels first: one dict probe per sample instead of a snap() call.
-        raw = (labels.get("model_name", ""), labels.get("engine", "0"))
-        entry = acc_raw.get(raw)
-        if entry is None:
-            es = snap(labels)
-            entry = acc_raw[raw] = acc.setdefault((es.model_name, es.engine), ({}, [0.0, 0.0]))
-        buckets, sc = entry
-        if name.endswith("_bucket"):
-            le = _bound(labels.get("le", ""))
-            if le is None:
-                continue
-            buckets[le] = buckets.get(le, 0.0) + smp.value
-        elif name.endswith("_sum"):
-            sc[0] += smp.value
-        elif name.endswith("_count"):
-            sc[1] += smp.value
-    return acc
-
-
-def _histogram(buckets: dict[float, float], hsum: float, hcount: float) -> Histogram:
-    bounds = tuple(sorted(buckets))
-    if len(_SHARED_BOUNDS) >= 1024:
-        _SHARED_BOUNDS.clear()  # endless layouts from a hostile upstream must not grow memory
-    bounds = _SHARED_BOUNDS.setdefault(bounds, bounds)  # one tuple per bucket layout, not per scrape
-    return Histogram(bounds, [buckets[b] for b in bounds], hsum, hcount)
 
 
 def _in_scope(out: dict[tuple[str, str], EngineSnapshot], model: str | None, engine: str | None):
@@ -339,7 +227,7 @@ def _apply_lora_info(fam: Family | None, out: dict[tuple[str, str], EngineSnapsh
         for s in _in_scope(out, model, engine):
             s.lora_running = _adapters(smp.labels.get("running_lora_adapters"))
             s.lora_waiting = _adapters(smp.labels.get("waiting_lora_adapters"))
-            s.max_lora = _num(smp.labels.get("max_lora"), int)
+            s.max_lora = num(smp.labels.get("max_lora"), int)
 
 
 # vLLM 0.32/0.33 loggers.py PrometheusStatLogger.record_sleep_state: per engine, awake=1 and the others 0 while
