@@ -2,11 +2,13 @@
 # Install the real programs the tests run: prometheus, promtool (Debian package `prometheus`) and
 # alertmanager, amtool (`prometheus-alertmanager`) for the alert tests; the openssl command line, which makes
 # the TLS tests' certificates (tests/helpers/certs.py; present on most systems already); headless Chromium
-# (`chromium`, with `fonts-dejavu-core` so that its screenshots have a font) for the status page's browser tests.
+# (`chromium`, with `fonts-dejavu-core` so that its screenshots have a font) for the status page's browser tests;
+# `libgomp1` (OpenMP runtime) for the real llama.cpp server of the xllamacpp wheel.
 #
-# Idempotent and non-interactive: a no-op (well under a second) when all four binaries are on PATH and
-# /usr/bin/chromium exists; otherwise `apt-get update` (only when the package lists are missing or older
-# than a day) and `apt-get install` of what is missing. Must run as root on Debian/Ubuntu.
+# Idempotent and non-interactive: a no-op (well under a second) when all four binaries are on PATH,
+# /usr/bin/chromium exists and the dynamic linker knows libgomp.so.1; otherwise `apt-get update` (only when the
+# package lists are missing or older than a day) and `apt-get install` of what is missing. Must run as root on
+# Debian/Ubuntu.
 #
 # Debian's maintainer scripts would start both daemons (prometheus on :9090, alertmanager on :9093,
 # plus a node exporter pulled in as a recommendation). The tests start their own instances on free
@@ -31,8 +33,12 @@ if [ "${#missing[@]}" -gt 0 ]; then packages+=(prometheus prometheus-alertmanage
 # Debian's chromium (no downloaded browser): tests/helpers/browser.py drives it over DevTools.
 chromium=/usr/bin/chromium
 if [ ! -x "$chromium" ]; then missing+=(chromium); packages+=(chromium fonts-dejavu-core); fi
+# GNU OpenMP's runtime: the llama.cpp inside the xllamacpp wheel links libgomp.so.1 (tests/helpers/llamacpp.py).
+# (grep without -q: under pipefail, an early exit would SIGPIPE ldconfig and fail the pipeline.)
+have_libgomp() { ldconfig -p 2>/dev/null | grep 'libgomp\.so\.1 ' >/dev/null; }
+if ! have_libgomp; then missing+=(libgomp1); packages+=(libgomp1); fi
 if [ "${#packages[@]}" -eq 0 ]; then
-    echo "install-tools: prometheus, promtool, alertmanager, amtool, openssl and chromium already installed"
+    echo "install-tools: prometheus, promtool, alertmanager, amtool, openssl, chromium and libgomp1 already installed"
     exit 0
 fi
 echo "install-tools: missing ${missing[*]}; installing ${packages[*]}"
@@ -88,6 +94,7 @@ for b in "${need[@]}"; do
     have "$b" || { echo "install-tools: $b still missing" >&2; exit 1; }
 done
 [ -x "$chromium" ] || { echo "install-tools: $chromium still missing" >&2; exit 1; }
+have_libgomp || { echo "install-tools: libgomp.so.1 still missing" >&2; exit 1; }
 echo "install-tools: $(prometheus --version 2>&1 | head -1)"
 am="$(command -v alertmanager || command -v prometheus-alertmanager)"
 echo "install-tools: $("$am" --version 2>&1 | head -1)"
