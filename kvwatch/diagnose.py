@@ -261,6 +261,10 @@ SENTENCES: dict[str, str] = {
         "CPU KV offload: up to {max!p} of the CPU tier pinned by in-flight transfers over the window ({now!p} now); "
         "{meaning}"
     ),
+    "kv_not_exported": (
+        "KV cache not judged: no KV usage in {engine}'s metrics (llama.cpp's current builds export none); a full KV "
+        "cache then shows only as failed or cut-short requests, which kvwatch does not see"
+    ),
     "confidence": "confidence {level}: {reason}",
 }
 _FMT = _Formatter()
@@ -796,7 +800,7 @@ def diagnose_engine(
     engine-neutral: they read the snapshot contract), its advice in the engine's own flags."""
     hints = _with_engine_limits(hints, s)
     verdict = next(v for v in (rule(s, hints, th) for rule in RULES) if v is not None and v.bottleneck in engine.shows)
-    facts = [*verdict.facts, *_rejection_facts(s, verdict.bottleneck), *_offload_facts(s)]
+    facts = [*verdict.facts, *_rejection_facts(s, verdict.bottleneck), *_offload_facts(s), *_unseen_kv(s, engine)]
     facts.append(("confidence", {"level": verdict.confidence, "reason": verdict.reason}))
     recs = [_in_engine_words(r, engine) for r in verdict.recommendations]
     d = Diagnosis(s.model_name, s.engine, verdict.bottleneck, s, evidence(facts), recs)
@@ -810,6 +814,14 @@ def diagnose_engine(
     d.max_num_batched_tokens = verdict.max_num_batched_tokens or d.max_num_batched_tokens
     _add_capacity(d)
     return d
+
+
+def _unseen_kv(s: Signals, engine: Engine) -> list[Fact]:
+    """An engine serving without a KV gauge (llama.cpp's current builds): say the KV cache was not judged, so that no
+    verdict reads as "the KV cache is fine"."""
+    if s.kv.usage_ratio is not None or s.kv.mean is not None or s.queue.running is None:
+        return []
+    return [("kv_not_exported", {"engine": engine.title})]
 
 
 def _with_engine_limits(hints: Hints, s: Signals) -> Hints:
