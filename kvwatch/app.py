@@ -136,7 +136,7 @@ class Monitor:
             except ParseError as e:
                 raise ScrapeError("parse", str(e)) from None
             try:
-                state.observe(t, families)
+                state.observe(t, families, body)
             except NoEngineMetrics as e:
                 raise ScrapeError("no_vllm_metrics", str(e)) from None
         except ScrapeError as e:

@@ -232,7 +232,8 @@ _REASON_MEANING = {
     "the cap)",
     ScrapeReason.DECODE: "not UTF-8, an unsupported or broken Content-Encoding",
     ScrapeReason.PARSE: "not the Prometheus text format (a truncated body, a bad line)",
-    ScrapeReason.NO_VLLM_METRICS: "parsed, but no vLLM series in it (wrong URL, metadata only)",
+    ScrapeReason.NO_VLLM_METRICS: "parsed, but no serving engine's series in it (wrong URL, metadata only), or another "
+    "engine's than `--engine` names (the label keeps its first name, from when vLLM was the only engine)",
 }
 
 
@@ -398,6 +399,16 @@ FAMILIES: tuple[Family, ...] = (
         '`model_name="_overflow"` engine; 0 normally',
     ),
     Family("kvwatch_build_info", "gauge", ("version",), "1", "kvwatch version."),
+    Family(
+        "kvwatch_target_info",
+        "gauge",
+        ("target", "engine_type"),
+        "1",
+        "The serving engine the target's metrics are read as (always 1).",
+        doc="the engine the target is read as (`engine_type`: `vllm`, `sglang`, `trtllm`, `llamacpp`; see Engines), 1; "
+        "absent until one is recognised. The only series that names the engine: join on `target` to split any "
+        "other family by engine",
+    ),
     Family(
         "kvwatch_asyncio_tasks",
         "gauge",

@@ -67,6 +67,8 @@ def _add_target(fams: dict[str, _Metric], t: Target) -> None:
     name = t.target
     fams["kvwatch_up"].add_metric([name], 1.0 if t.up else 0.0)
     fams["kvwatch_folded_engines"].add_metric([name], t.folded_engines)
+    if t.engine_kind is not None:
+        fams["kvwatch_target_info"].add_metric([name, t.engine_kind.name], 1.0)
     if t.scrape_duration_seconds is not None:
         fams["kvwatch_scrape_duration_seconds"].add_metric([name], t.scrape_duration_seconds)
     for reason, n in t.errors.items():
@@ -134,6 +136,7 @@ _LABEL_VALUES = {
     "confidence": len(Confidence),
     "action": len(Action),
     "source": 1,
+    "engine_type": 1,  # kvwatch_target_info: the one engine a target is read as
     "limit": 3,  # kvwatch_capacity_sequences: kv_cache, max_num_seqs, token_budget (kvwatch/capacity.py)
 }
 _STATE_VALUES = {"kvwatch_kv_cache_pressure": len(KvPressure), "kvwatch_lora_adapters": 2}

@@ -118,10 +118,12 @@ class Target:
 
     def observe_body(self, t: float, body: str) -> None:
         """Parse and record one scrape body. Raises ParseError / NoEngineMetrics (the scrape failed)."""
-        self.observe(t, parse(body, self.keep_family))
+        self.observe(t, parse(body, self.keep_family), body)
 
-    def observe(self, t: float, families) -> None:
-        engine = self._engine_of(families)
+    def observe(self, t: float, families, body: str = "") -> None:
+        """Record one parsed scrape. ``body``, the text it was parsed from, only names what it carried instead when
+        no engine's families are in it."""
+        engine = self._engine_of(families, body)
         snaps = engine.read(families, self.max_engines)
         if not snaps:
             raise NoEngineMetrics(f"no {engine.title} series in the response")
@@ -135,7 +137,7 @@ class Target:
         self.last_error = None
         self.up = True
 
-    def _engine_of(self, families) -> Engine:
+    def _engine_of(self, families, body: str) -> Engine:
         """The engine to read the scrape as. Auto: the one whose families it carries, re-chosen (and the history
         dropped, never mixed) when the target restarts as another engine."""
         seen = detect(families)
@@ -148,7 +150,7 @@ class Target:
             return self.engine_wanted
         if seen is None:
             tried = ", ".join(e.title for e in ENGINES)
-            raise NoEngineMetrics(f"no serving engine's series in the response (tried {tried}){_seen(families)}")
+            raise NoEngineMetrics(f"no serving engine's series in the response (tried {tried}){_seen(body)}")
         if seen is not self.engine_kind:
             self.engines.clear()
             self.engine_kind = seen
@@ -182,7 +184,15 @@ class Target:
         return TargetDiagnosis(now, self.target, self.up, overall, diags, self.last_error, engine_type)
 
 
-def _seen(families) -> str:
-    """A few of the families the response carried, for the error: what the URL serves instead."""
-    names = sorted(families)[:5]
-    return f"; families seen: {', '.join(names)}{', ...' if len(families) > 5 else ''}" if names else ""
+def _seen(body: str, most: int = 5) -> str:
+    """The first few metric names the body carried (the parser kept none of them), for the error: what the URL serves
+    instead. Read only on this error path, and from at most the body's first 64 KiB."""
+    names: list[str] = []
+    for line in body[: 64 * 1024].splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0] if line and not line.startswith("#") else ""
+        if name and name not in names:
+            names.append(name[:64])
+            if len(names) > most:
+                break
+    more = ", ..." if len(names) > most else ""
+    return f"; metrics seen: {', '.join(names[:most])}{more}" if names else "; no metric in it"

@@ -1,0 +1,237 @@
+"""The engine contract (kvwatch/engines): the registry, recognising an engine from its families, each adapter's
+reading of its engine's exposition, and the target's handling of the wrong engine, a mix, or a restart as another.
+
+llama.cpp is read on real captures of a real server (tests/fixtures/engines/llamacpp/captures); SGLang and
+TensorRT-LLM, which need GPUs, on exposition written from their collectors' source (tests/fixtures/engines/*/
+written_from_source.prom, each file says from which) and on the simulator speaking them (tests/test_sim_engines.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from kvwatch.catalog import Action, Bottleneck
+from kvwatch.diagnose import diagnose_engine
+from kvwatch.engines import ENGINES, by_name, detect, keep_any
+from kvwatch.engines.vllm import ENGINE as VLLM
+from kvwatch.parse import parse
+from kvwatch.snapshot import Counter, Gauge, Hist
+from kvwatch.state import NoEngineMetrics, Target
+from kvwatch.window import summarize
+from tests.helpers.recordings import FIXTURES, captures, recording
+
+ENGINE_FIXTURES = Path(__file__).resolve().parent / "fixtures" / "engines"
+LLAMACPP = ENGINE_FIXTURES / "llamacpp" / "captures"
+SGLANG = (ENGINE_FIXTURES / "sglang" / "written_from_source.prom").read_text()
+TRTLLM = (ENGINE_FIXTURES / "trtllm" / "trtllm_serve_written_from_source.prom").read_text()
+TRTLLM_OLD = (ENGINE_FIXTURES / "trtllm" / "trtllm_serve_unprefixed_written_from_source.prom").read_text()
+TRITON = (ENGINE_FIXTURES / "trtllm" / "triton_written_from_source.prom").read_text()
+LLAMA_SLOTS_FULL = next(p.read_text() for _, p in recording(LLAMACPP / "slot_ceiling") if "requests_deferred 14" in p.read_text())
+BODIES = {
+    "vllm": captures("kv_cache")[10],
+    "sglang": SGLANG,
+    "trtllm": TRTLLM,
+    "trtllm-unprefixed": TRTLLM_OLD,
+    "triton": TRITON,
+    "llamacpp": LLAMA_SLOTS_FULL,
+}
+ENGINE_OF = {"trtllm-unprefixed": "trtllm", "triton": "trtllm"}
+
+
+def read(name: str, body: str):
+    return by_name(name).read(parse(body, by_name(name).keep_family), 64)
+
+
+# --- the registry ---------------------------------------------------------------------------------------------------
+
+
+def test_every_engine_spells_every_action_and_can_say_idle_none_and_stalled():
+    assert [e.name for e in ENGINES] == ["vllm", "sglang", "trtllm", "llamacpp"]
+    for e in ENGINES:
+        assert all(e.flag(a) for a in Action), e.name
+        assert {Bottleneck.IDLE, Bottleneck.NONE, Bottleneck.STALLED} <= e.shows, e.name
+    assert VLLM.shows == frozenset(Bottleneck)  # everything kvwatch names was learnt on vLLM
+
+
+@pytest.mark.parametrize("body", sorted(BODIES))
+def test_each_engine_is_recognised_from_its_own_families(body):
+    families = parse(BODIES[body], keep_any)
+    assert detect(families).name == ENGINE_OF.get(body, body)
+    assert all(keep_any(n) for n in families)
+
+
+def test_families_of_no_engine_are_recognised_as_none():
+    body = "# TYPE node_cpu_seconds_total counter\nnode_cpu_seconds_total{cpu=\"0\"} 1.0\nup 1\n"
+    assert detect(parse(body)) is None
+
+
+# --- SGLang -----------------------------------------------------------------------------------------------------------
+
+
+def test_sglang_one_snapshot_per_dp_rank_tensor_ranks_not_added_priority_parts_ignored():
+    snaps = read("sglang", SGLANG)
+    model = "meta-llama/Llama-3.1-8B-Instruct"
+    assert set(snaps) == {(model, "0"), (model, "1")}
+    r0, r1 = snaps[(model, "0")], snaps[(model, "1")]
+    assert r0.gauges[Gauge.REQUESTS_RUNNING] == 48 and r0.gauges[Gauge.REQUESTS_WAITING] == 12  # not 96 / 24
+    assert r1.gauges[Gauge.REQUESTS_RUNNING] == 31  # the priority="1" part (7) is inside the total
+    assert r0.gauges[Gauge.KV_CACHE_USAGE_RATIO] == 0.97 and r1.gauges[Gauge.KV_CACHE_USAGE_RATIO] == 0.41
+    assert r0.cache.capacity_tokens == 412345
+    assert r0.counters[Counter.PREEMPTIONS] == 17  # retractions
+    # the per-interval counters, not the finish-time ones: prompt = computed + cached
+    assert r0.counters[Counter.PROMPT_TOKENS] == 1_000_000 and r0.counters[Counter.PROMPT_TOKENS_COMPUTED] == 900_000
+    assert r0.counters[Counter.GENERATION_TOKENS] == 250_000
+    assert r0.histograms[Hist.TIME_TO_FIRST_TOKEN_SECONDS].count == 40
+
+
+def test_sglang_old_name_label_is_the_model():
+    body = "# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs{name=\"/models/llama\"} 3\n"
+    (key,) = read("sglang", body)
+    assert key == ("/models/llama", "0")
+
+
+def test_sglang_kv_bound_rank_is_named_kv_cache_with_sglang_flags():
+    t = Target("sglang")
+    for i in range(12):
+        t.observe_body(1000.0 + i, SGLANG.replace("900000.0", f"{900000 + i * 10}.0"))
+    d = t.diagnose(1011.0)
+    assert d.engine_type == "sglang"
+    by_rank = {e.engine: e for e in d.engines}
+    assert by_rank["0"].bottleneck is Bottleneck.KV_CACHE  # 12 waiting at 97 % of the pool
+    flags = {r.action: r.flag for r in by_rank["0"].recommendations}
+    assert flags.get(Action.FP8_KV_CACHE) == "--kv-cache-dtype fp8_e5m2"
+    assert by_rank["1"].bottleneck is not Bottleneck.KV_CACHE  # no queue on rank 1
+
+
+# --- TensorRT-LLM -----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("body", [TRTLLM, TRTLLM_OLD], ids=["trtllm_-prefixed", "unprefixed"])
+def test_trtllm_serve_reads_its_configured_ceilings(body):
+    ((key, s),) = read("trtllm", body).items()
+    assert key == ("nemotron-nano-3", "0")
+    assert s.gauges[Gauge.REQUESTS_RUNNING] == 256 and s.gauges[Gauge.REQUESTS_WAITING] == 90
+    assert s.gauges[Gauge.KV_CACHE_USAGE_RATIO] == 0.42
+    assert (s.max_running_requests, s.max_step_tokens) == (256, 8192)
+    assert s.cache.capacity_tokens == 20000 * 32
+    assert s.counters[Counter.REQUESTS_FINISHED] == 4000  # summed over finished_reason
+
+
+def test_trtllm_at_its_exported_ceiling_with_kv_room_is_max_num_seqs_configured_with_its_flag():
+    t = Target("trtllm")
+    for i in range(12):
+        t.observe_body(1000.0 + i, TRTLLM.replace("2.0e+06", f"{2_000_000 + 500 * i}"))
+    (e,) = t.diagnose(1011.0).engines
+    assert e.bottleneck is Bottleneck.MAX_NUM_SEQS and e.max_num_seqs == (256, "configured")
+    assert {r.action: r.flag for r in e.recommendations}[Action.RAISE_MAX_NUM_SEQS] == "--max_batch_size"
+
+
+def test_triton_selector_labels():
+    ((key, s),) = read("trtllm", TRITON).items()
+    assert key == ("tensorrt_llm", "1")
+    assert s.gauges[Gauge.REQUESTS_RUNNING] == 64 and s.gauges[Gauge.REQUESTS_WAITING] == 37
+    assert s.gauges[Gauge.KV_CACHE_USAGE_RATIO] == 0.31 and s.max_running_requests == 64
+    assert s.cache.capacity_tokens == 6239 * 64
+    assert not s.counters  # Triton's backend counts no tokens
+
+
+def test_triton_with_no_progress_signal_is_never_called_stalled():
+    t = Target("triton")
+    body = TRITON.replace('kv_cache_block_type="fraction"', 'kv_cache_block_type="unused"').replace(
+        'kv_cache_block_type="max"', 'kv_cache_block_type="unused2"'
+    )
+    for i in range(20):
+        t.observe_body(1000.0 + i, body)
+    (e,) = t.diagnose(1019.0).engines
+    assert e.signals.throughput.stalled_seconds == 0 and e.bottleneck is not Bottleneck.STALLED
+
+
+# --- llama.cpp: a real server's captures -------------------------------------------------------------------------------
+
+
+def replay(folder: Path, **kw) -> list:
+    t = Target("llamacpp", **kw)
+    out = []
+    for ts, p in recording(folder):
+        t.observe_body(ts, p.read_text())
+        out.append(t.diagnose(ts))
+    return out
+
+
+def test_llamacpp_slots_full_with_requests_deferred_names_the_slot_ceiling_read_not_inferred():
+    timeline = replay(LLAMACPP / "slot_ceiling")
+    deferred = [d for d in timeline if d.engines and d.engines[0].signals.queue.waiting]
+    assert len(deferred) >= 10 and {d.engine_type for d in timeline} == {"llamacpp"}
+    for d in deferred:
+        (e,) = d.engines
+        assert e.bottleneck is Bottleneck.MAX_NUM_SEQS and e.confidence == "high", e.evidence
+        assert e.max_num_seqs == (2, "configured")  # --parallel 2, read from the busy slots while deferring
+        assert {r.action: r.flag for r in e.recommendations}[Action.RAISE_MAX_NUM_SEQS] == "--parallel"
+
+
+def test_llamacpp_light_load_names_no_limit():
+    for d in replay(LLAMACPP / "light"):
+        assert d.bottleneck in (Bottleneck.IDLE, Bottleneck.NONE)
+
+
+def test_llamacpp_context_too_small_is_never_called_a_healthy_kv_cache():
+    """The real server refused 300-token prompts (HTTP 400) and cut generations short; /metrics shows no trace. kvwatch
+    cannot see it there, and must say it did not judge the KV cache rather than imply it is fine."""
+    serving = [d.engines[0] for d in replay(LLAMACPP / "context_too_small") if d.bottleneck is Bottleneck.NONE]
+    assert serving
+    for e in serving:
+        assert any(line.startswith("KV cache not judged") for line in e.evidence), e.evidence
+
+
+# --- the target: wrong engine, no engine, a mix, a restart as another -------------------------------------------------
+
+
+def test_engine_forced_on_another_engines_endpoint_says_which_engine_it_is():
+    t = Target("x", engine="vllm")
+    with pytest.raises(NoEngineMetrics, match=r"llama\.cpp metrics \(use --engine llamacpp or auto\)"):
+        t.observe(1.0, parse(LLAMA_SLOTS_FULL, keep_any))
+
+
+def test_no_engine_names_the_engines_tried_and_the_families_seen():
+    t = Target("x")
+    body = "# TYPE node_load1 gauge\nnode_load1 0.5\n# TYPE up gauge\nup 1\n"
+    with pytest.raises(NoEngineMetrics) as e:
+        t.observe_body(1.0, body)
+    msg = str(e.value)
+    assert all(engine.title in msg for engine in ENGINES) and "node_load1" in msg
+
+
+def test_a_target_that_restarts_as_another_engine_starts_clean():
+    t = Target("x")
+    for i, body in enumerate(captures("kv_cache")[5:10]):
+        t.observe_body(1000.0 + i, body)
+    assert t.diagnose(1004.0).engine_type == "vllm"
+    t.observe_body(1005.0, LLAMA_SLOTS_FULL)
+    d = t.diagnose(1005.0)
+    assert d.engine_type == "llamacpp" and [(e.model_name, e.engine) for e in d.engines] == [("", "0")]
+    assert len(t.engines[("", "0")].points) == 1  # no vLLM point mixed into llama.cpp's history
+
+
+def test_a_body_mixing_engines_is_read_as_the_engine_it_mostly_is():
+    t = Target("x")
+    t.observe_body(1.0, captures("kv_cache")[10] + "# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs 3\n")
+    assert t.diagnose(1.0).engine_type == "vllm"
+
+
+# --- diagnose: never a limit the engine cannot show -------------------------------------------------------------------
+
+
+def test_a_limit_the_engine_cannot_show_is_never_named_for_it():
+    blind = dataclasses.replace(VLLM, shows=VLLM.shows - {Bottleneck.KV_CACHE})
+    t = Target("fixture")
+    named = set()
+    for ts, p in recording(FIXTURES / "kv_cache"):
+        t.observe_body(ts, p.read_text())
+        for h in t.fresh_engines(ts):
+            sig = summarize(h, ts, t.window_seconds)
+            assert diagnose_engine(sig, engine=VLLM).bottleneck in VLLM.shows
+            named.add(diagnose_engine(sig, engine=blind).bottleneck)
+    assert Bottleneck.KV_CACHE not in named and named  # the capture is KV-bound: VLLM names it (test_diagnose)
