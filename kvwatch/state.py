@@ -38,6 +38,7 @@ class TargetDiagnosis:
     bottleneck: str
     engines: list[Diagnosis] = field(default_factory=list)
     error: str | None = None
+    error_reason: str | None = None  # the error's ScrapeReason (the metric's reason label)
 
     def as_dict(self) -> dict:
         out = {
@@ -49,6 +50,8 @@ class TargetDiagnosis:
         }
         if self.error:
             out["error"] = self.error
+            if self.error_reason:
+                out["error_reason"] = self.error_reason
         return out
 
 
@@ -78,6 +81,7 @@ class Target:
         self.last_success: float | None = None
         self.last_attempt: float | None = None
         self.last_error: str | None = None
+        self.last_reason: str | None = None  # the last error's ScrapeReason, None after a good scrape
         self.up = False
         # What the scrape loop counts, for kvwatch_up / _scrape_duration_seconds / _scrape_errors_total.
         self.errors = {r: 0 for r in REASONS}
@@ -118,12 +122,13 @@ class Target:
                 hist = self.engines[key] = EngineHistory(*key, keep_seconds=self.window_seconds + 1.0)
             hist.add(t, snap)
         self.last_success = self.last_attempt = t
-        self.last_error = None
+        self.last_error = self.last_reason = None
         self.up = True
 
-    def observe_failure(self, t: float, error: str) -> None:
+    def observe_failure(self, t: float, error: str, reason: str | None = None) -> None:
         self.last_attempt = t
         self.last_error = error
+        self.last_reason = reason
         self.up = False
 
     def fresh_engines(self, now: float) -> list[EngineHistory]:
@@ -145,4 +150,4 @@ class Target:
             overall = Bottleneck.UNREACHABLE
         else:
             overall = most_severe([d.bottleneck for d in diags])
-        return TargetDiagnosis(now, self.target, self.up, overall, diags, self.last_error)
+        return TargetDiagnosis(now, self.target, self.up, overall, diags, self.last_error, self.last_reason)
