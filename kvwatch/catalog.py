@@ -234,6 +234,12 @@ class ScrapeReason(StrEnum):
         return _REASON_MEANING[self]
 
     @property
+    def network(self) -> bool:
+        """The network is to blame (refused, reset, DNS, TLS, no answer in time): the only reasons that say
+        "unreachable"."""
+        return self in (ScrapeReason.CONNECT, ScrapeReason.TIMEOUT)
+
+    @property
     def text(self) -> str:
         """How the CLI, the page and the JSON word it, around the error's ``{detail}``: "unreachable" only
         for the network (connect, timeout, TLS); a wrong address says what came back instead."""

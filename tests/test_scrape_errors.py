@@ -155,4 +155,4 @@ async def test_an_unreadable_token_file_is_not_called_unreachable(tmp_path, upst
 def test_only_the_network_reasons_say_unreachable():
     for reason in ScrapeReason:
         assert "{detail}" in reason.text, reason
-        assert ("unreachable" in reason.text) == (reason in NETWORK), reason
+        assert ("unreachable" in reason.text) == (reason in NETWORK) == reason.network, reason
