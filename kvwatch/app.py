@@ -122,7 +122,7 @@ class Monitor:
 
     async def scrape_once(self, target: str) -> None:
         state = self.targets[target]
-        was_up = state.up
+        was_up, last_reason = state.up, state.last_reason
         started = time.perf_counter()
         t = self.clock()
         assert self.fetcher is not None  # open() sets it before any scrape
@@ -141,9 +141,11 @@ class Monitor:
                 raise ScrapeError("no_vllm_metrics", str(e)) from None
         except ScrapeError as e:
             state.errors[e.reason] += 1
-            state.observe_failure(t, str(e))
-            if was_up:
-                log.warning("scrape of %s failed: %s", state.target, e, extra={"target": state.target})
+            state.observe_failure(t, str(e), e.reason)
+            # Once per change of state (up -> down, or another reason), never once per scrape: a target that
+            # never answers is in the log from its first failure (a wrong KVWATCH_TARGET shows in kubectl logs).
+            if was_up or e.reason != last_reason:
+                log.warning("scrape of %s failed (%s): %s", state.target, e.reason, e, extra={"target": state.target})
         else:
             if not was_up:
                 log.info("scraping %s", state.target, extra={"target": state.target})

@@ -221,7 +221,30 @@ class ScrapeReason(StrEnum):
     def meaning(self) -> str:
         return _REASON_MEANING[self]
 
+    @property
+    def network(self) -> bool:
+        """The network is to blame (refused, reset, DNS, TLS, no answer in time): the only reasons that say
+        "unreachable"."""
+        return self in (ScrapeReason.CONNECT, ScrapeReason.TIMEOUT)
 
+    @property
+    def text(self) -> str:
+        """How the CLI, the page and the JSON word it, around the error's ``{detail}``: "unreachable" only
+        for the network (connect, timeout, TLS); a wrong address says what came back instead."""
+        return _REASON_TEXT[self]
+
+
+_REASON_TEXT = {
+    ScrapeReason.CONNECT: "unreachable: {detail}",
+    ScrapeReason.TIMEOUT: "unreachable: {detail}",
+    ScrapeReason.HTTP_STATUS: "{detail} — is the path /metrics?",
+    ScrapeReason.REDIRECT: "{detail}: point the target at the final URL",
+    ScrapeReason.HTML: "an HTML page, not metrics: {detail}",
+    ScrapeReason.TOO_LARGE: "too large: {detail} (--max-body-bytes)",
+    ScrapeReason.DECODE: "unreadable body: {detail}",
+    ScrapeReason.PARSE: "not Prometheus metrics: {detail}",
+    ScrapeReason.NO_VLLM_METRICS: "metrics, but none from a serving engine ({detail})",
+}
 _REASON_MEANING = {
     ScrapeReason.CONNECT: "no connection (refused, reset, DNS, TLS) or the bearer token file unreadable",
     ScrapeReason.TIMEOUT: "no complete response within `--timeout` (connect to last byte: slow, dripping, endless)",

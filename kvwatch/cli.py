@@ -12,15 +12,17 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import signal
 import sys
 import time
 from collections import Counter
+from datetime import UTC, datetime
 from pathlib import Path
 
 from kvwatch import __version__
 from kvwatch.catalog import Bottleneck
-from kvwatch.config import ConfigError, Settings, load_settings
+from kvwatch.config import ConfigError, Settings, check_target, load_settings
 from kvwatch.engines import AUTO
 from kvwatch.engines import names as engine_names
 from kvwatch.logformat import TEXT_FORMAT, formatter
@@ -28,7 +30,8 @@ from kvwatch.parse import ParseError
 from kvwatch.plan import DEFAULT_BLOCK_SIZE, Deployment, PlanError, as_dict, model_from_config, plan
 from kvwatch.plan import render_text as render_plan
 from kvwatch.recording import check_writable, recording_files, write_snapshot
-from kvwatch.redact import SecretFilter, redact_url, url_secrets
+from kvwatch.redact import SecretFilter, redact_url
+from kvwatch.scrape import ScrapeError
 from kvwatch.state import NoEngineMetrics, Target, TargetDiagnosis
 
 SUBCOMMANDS = ("run", "diagnose", "record", "sim", "demo", "logs", "plan")
@@ -36,12 +39,32 @@ SUBCOMMANDS = ("run", "diagnose", "record", "sim", "demo", "logs", "plan")
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, exit 2 (argparse would print the whole usage first)
-        sys.stderr.write(f"kvwatch: error: {message} (see {self.prog} --help)\n")
+        sys.stderr.write(f"{self.prog}: error: {message} (see {self.prog} --help)\n")
         raise SystemExit(2)
 
 
+def _env_and_default(p: argparse.ArgumentParser) -> None:
+    """Ends each settings flag's help with its environment variable and default, from ``Settings`` itself."""
+    for action in p._actions:
+        field = Settings.model_fields.get(action.dest)
+        if field is None or not action.option_strings or action.help is None:
+            continue
+        extra = f"env KVWATCH_{action.dest.upper()}"
+        if "default" not in action.help:
+            extra += f", default {_shown(field.get_default(call_default_factory=True))}"
+        action.help += f" ({extra})"
+
+
+def _shown(value) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, list):
+        return ",".join(value)
+    return "none" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+
+
 def _scrape_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--interval", help="seconds between scrapes (default 1)")
+    p.add_argument("--interval", help="seconds between scrapes")
     p.add_argument("--timeout", help="per-scrape timeout in seconds (default 0.8 x interval)")
     p.add_argument("--max-body-bytes", help="refuse larger /metrics bodies (default 16 MiB)")
     p.add_argument("--bearer-token-file", help="file holding the bearer token for /metrics")
@@ -49,21 +72,21 @@ def _scrape_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _analysis_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--window", help="seconds of history the diagnosis uses (default 10)")
+    p.add_argument("--window", help="seconds of history the diagnosis uses")
     p.add_argument("--stale-after", help="withdraw derived series after this many seconds without a good scrape")
     p.add_argument("--max-num-seqs", help="vLLM's --max-num-seqs (optional hint)")
     p.add_argument("--max-num-batched-tokens", help="vLLM's --max-num-batched-tokens (optional hint)")
     p.add_argument("--max-model-len", help="vLLM's --max-model-len (optional hint)")
-    p.add_argument("--admission-stall-threshold", help="KV usage at which prefills stall (default 0.90)")
-    p.add_argument("--preemption-risk-threshold", help="KV usage at which preemption starts (default 0.95)")
+    p.add_argument("--admission-stall-threshold", help="KV usage at which prefills stall")
+    p.add_argument("--preemption-risk-threshold", help="KV usage at which preemption starts")
     p.add_argument("--max-engines", help="(model, engine) pairs per target before folding into _overflow")
     p.add_argument("--engine", help=f"how to read the target: {', '.join((AUTO, *engine_names()))} (default auto)")
     _log_flags(p)
 
 
 def _log_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--log-level", help="debug, info, warning, error")
-    p.add_argument("--log-format", help="text (default) or json: one JSON object per line")
+    p.add_argument("--log-level", help="debug, info, warning or error")
+    p.add_argument("--log-format", help="text or json (one JSON object per line)")
 
 
 def _positive(kind):
@@ -83,21 +106,35 @@ def _positive(kind):
 
 def _plan_flags(p: argparse.ArgumentParser) -> None:
     count, number = _positive(int), _positive(float)
-    p.add_argument("--model-config", type=Path, required=True, help="the model's Hugging Face config.json")
-    p.add_argument("--gpu-memory-gib", type=number, help="one GPU's memory in GiB (with --gpu-memory-utilization)")
+    p.add_argument("--model-config", type=Path, required=True, help="the model's Hugging Face config.json (required)")
+    p.add_argument(
+        "--gpu-memory-gib", type=number, help="one GPU's memory in GiB, with --gpu-memory-utilization (default: none)"
+    )
     p.add_argument("--gpu-memory-utilization", type=number, help="vLLM's --gpu-memory-utilization (default 0.9)")
     p.add_argument(
-        "--weights-gib", type=number, help="the model's weights in GiB (estimated for dense Llama-style models)"
+        "--weights-gib",
+        type=number,
+        help="the model's weights in GiB (default: estimated for dense Llama-style models)",
     )
-    p.add_argument("--kv-cache-memory-bytes", type=count, help="vLLM's --kv-cache-memory-bytes (KV memory per GPU)")
+    p.add_argument(
+        "--kv-cache-memory-bytes", type=count, help="vLLM's --kv-cache-memory-bytes, KV memory per GPU (default: none)"
+    )
     p.add_argument("--tensor-parallel-size", type=count, default=1, help="vLLM's --tensor-parallel-size (default 1)")
-    p.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), default="auto", help="vLLM's --kv-cache-dtype")
+    p.add_argument(
+        "--kv-cache-dtype", choices=("auto", "fp8"), default="auto", help="vLLM's --kv-cache-dtype (default auto)"
+    )
     p.add_argument("--block-size", type=count, default=DEFAULT_BLOCK_SIZE, help="vLLM's --block-size (default 16)")
-    p.add_argument("--prompt-tokens", type=count, help="prompt tokens per request (with --output-tokens)")
-    p.add_argument("--output-tokens", type=count, help="output tokens per request (with --prompt-tokens)")
+    p.add_argument(
+        "--prompt-tokens", type=count, help="prompt tokens per request, with --output-tokens (default: none)"
+    )
+    p.add_argument(
+        "--output-tokens", type=count, help="output tokens per request, with --prompt-tokens (default: none)"
+    )
     p.add_argument("--max-model-len", type=count, help="vLLM's --max-model-len (default: config.json's)")
-    p.add_argument("--max-num-seqs", type=count, help="vLLM's --max-num-seqs")
-    p.add_argument("--max-num-batched-tokens", type=count, help="vLLM's --max-num-batched-tokens (the token budget)")
+    p.add_argument("--max-num-seqs", type=count, help="vLLM's --max-num-seqs (default: none)")
+    p.add_argument(
+        "--max-num-batched-tokens", type=count, help="vLLM's --max-num-batched-tokens, the token budget (default: none)"
+    )
     p.add_argument("--json", action="store_true", help="print JSON")
 
 
@@ -108,16 +145,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="the sidecar (default)", description="Scrape vLLM and serve kvwatch's metrics.")
     run.add_argument("--target", action="append", help="vLLM /metrics URL (repeatable)")
-    run.add_argument("--listen", help="HOST:PORT to serve on (default 0.0.0.0:9847)")
+    run.add_argument("--listen", help="HOST:PORT to serve on")
     run.add_argument("--web-config-file", help="exporter-toolkit web config: TLS and basic auth on --listen")
-    run.add_argument("--history", help="seconds of history the status page at / charts (default 900)")
+    run.add_argument("--history", help="seconds of history the status page at / charts")
     _scrape_flags(run)
     _analysis_flags(run)
 
     diag = sub.add_parser("diagnose", help="scrape for a while (or replay a recording) and print the diagnosis")
-    diag.add_argument("url", nargs="?", help="vLLM /metrics URL")
+    diag.add_argument("url", nargs="?", help="vLLM /metrics URL (default: env KVWATCH_TARGET)")
     diag.add_argument("--duration", type=float, default=15.0, help="seconds to watch (default 15)")
-    diag.add_argument("--replay", type=Path, help="directory of recorded <unix_time>.prom files")
+    diag.add_argument("--replay", type=Path, help="directory of recorded <unix_time>.prom files (default: none)")
     diag.add_argument("--json", action="store_true", help="print JSON")
     diag.add_argument("--timeline", action="store_true", help="one JSON object per snapshot")
     _scrape_flags(diag)
@@ -125,11 +162,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     rec = sub.add_parser("record", help="save every scrape as DIR/<unix_time>.prom")
     rec.add_argument("url", help="vLLM /metrics URL")
-    rec.add_argument("--out", type=Path, required=True, help="directory to write to")
-    rec.add_argument("--duration", type=float, required=True, help="seconds to record")
+    rec.add_argument("--out", type=Path, required=True, help="directory to write to (required, no default)")
+    rec.add_argument("--duration", type=float, required=True, help="seconds to record (required, no default)")
     _scrape_flags(rec)
     _log_flags(rec)
 
+    for p in (run, diag, rec):
+        _env_and_default(p)
     sub.add_parser("sim", help="the built-in vLLM simulator (kvwatch sim --help)", add_help=False)
     sub.add_parser("demo", help="simulator + sidecar + live view (kvwatch demo --help)", add_help=False)
     sub.add_parser("logs", help="diagnose from vLLM's own log (kvwatch logs --help)", add_help=False)
@@ -139,9 +178,25 @@ def build_parser() -> argparse.ArgumentParser:
             help="KV capacity and concurrency before deployment, from a config.json",
             description="vLLM's KV-cache arithmetic for a model and GPU: KV bytes per token, cache size, "
             "maximum concurrency, the limit that binds first, and what-ifs.",
+            epilog="None of these flags has an environment variable.",
         )
     )
     return parser
+
+
+def _url_argument(url: str | None) -> list[str] | None:
+    """The URL argument, checked under its own name; without one, the targets of KVWATCH_TARGET (as ``run``)."""
+    if url is None:
+        if not os.environ.get("KVWATCH_TARGET"):
+            raise ConfigError("invalid setting: give a URL (or env KVWATCH_TARGET), or --replay DIR")
+        if len(load_settings().target) > 1:
+            raise ConfigError("invalid setting KVWATCH_TARGET: lists several targets; give one URL")
+        return None
+    try:
+        check_target(url)
+    except ValueError as e:
+        raise ConfigError(f"invalid argument URL: {e}") from None
+    return [url]
 
 
 def _settings(args: argparse.Namespace, **extra) -> Settings:
@@ -151,22 +206,12 @@ def _settings(args: argparse.Namespace, **extra) -> Settings:
     return load_settings(**given)
 
 
-def _token(settings: Settings) -> list[str]:
-    """The bearer token as it is at start (it is re-read per scrape: a rotated one is never logged either,
-    since nothing logs headers)."""
-    try:
-        return [settings.bearer_token_file.read_text().strip()] if settings.bearer_token_file else []
-    except OSError:
-        return []
-
-
 def _setup_logging(settings: Settings) -> None:
     logging.basicConfig(level=settings.log_level.upper(), format=TEXT_FORMAT, stream=sys.stderr)
-    # Whoever logs (us, httpx, aiohttp, asyncio), no target credential or bearer token is written, in
-    # either format: the filter rewrites the record before any formatter sees it.
-    secrets = [s for url in settings.target for s in url_secrets(url)] + _token(settings)
+    # Whoever logs (us, httpx, aiohttp, asyncio), no target credential is written, in either format: the
+    # filter redacts every URL of a record before any formatter sees it. Nothing logs the bearer token's header.
     for handler in logging.getLogger().handlers:
-        handler.addFilter(SecretFilter(secrets))
+        handler.addFilter(SecretFilter())
         handler.setFormatter(formatter(settings.log_format))
     # httpx logs every request at INFO: one line per scrape per target is noise, not news.
     logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
@@ -175,8 +220,16 @@ def _setup_logging(settings: Settings) -> None:
 # ---------------------------------------------------------------------------------------- output
 
 
+def _headline(d: TargetDiagnosis) -> str:
+    if d.up:
+        return d.bottleneck
+    if d.bottleneck == Bottleneck.UNREACHABLE and d.error:
+        return d.error  # its reason's own words: "unreachable" only when the network is to blame
+    return f"{d.bottleneck} ({d.error or 'not scraped'})"
+
+
 def render_text(d: TargetDiagnosis) -> str:
-    lines = [f"{d.target}: {d.bottleneck}" + ("" if d.up else f" ({d.error or 'not scraped'})")]
+    lines = [f"{d.target}: {_headline(d)}"]
     for e in d.engines:
         lines.append(f"  model {e.model_name!r} engine {e.engine}: {e.bottleneck} (confidence {e.confidence})")
         for ev in e.evidence:
@@ -192,6 +245,7 @@ class _History:
     def __init__(self):
         self.seen: Counter[str] = Counter()
         self.worst: TargetDiagnosis | None = None
+        self.first: float | None = None  # the first diagnosis' time: the worst moment is told as an offset
 
     @staticmethod
     def _badness(d: TargetDiagnosis) -> tuple[int, float]:
@@ -199,6 +253,7 @@ class _History:
         return Bottleneck(d.bottleneck).severity, sum((e.signals.queue.waiting or 0) for e in d.engines)
 
     def add(self, d: TargetDiagnosis) -> None:
+        self.first = d.timestamp if self.first is None else self.first
         self.seen[d.bottleneck] += 1
         if self.worst is None or self._badness(d) > self._badness(self.worst):
             self.worst = d
@@ -210,7 +265,13 @@ class _History:
         }
 
 
-def _print_result(final: TargetDiagnosis, hist: _History, as_json: bool) -> None:
+def _moment(t: float, first: float | None, what: str) -> str:
+    """A time as a reader takes it: UTC, and how far into the recording (or run) it came."""
+    when = datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return f"{when}, {t - (t if first is None else first):.1f} s into the {what}"
+
+
+def _print_result(final: TargetDiagnosis, hist: _History, as_json: bool, what: str = "run") -> None:
     if as_json:
         doc = final.as_dict()
         doc["summary"] = hist.summary()
@@ -220,7 +281,7 @@ def _print_result(final: TargetDiagnosis, hist: _History, as_json: bool) -> None
     seen = ", ".join(f"{b} x{n}" for b, n in hist.seen.most_common())
     print(f"\nseen over the run: {seen}")
     if hist.worst is not None and hist.worst is not final and hist.worst.bottleneck != final.bottleneck:
-        print(f"\nworst moment (t={hist.worst.timestamp:.1f}):")
+        print(f"\nworst moment ({_moment(hist.worst.timestamp, hist.first, what)}):")
         print(render_text(hist.worst))
 
 
@@ -241,14 +302,15 @@ def _replay(args, settings: Settings) -> int:
         try:
             state.observe_body(t, f.read_text(encoding="utf-8", errors="replace"))
         except (ParseError, NoEngineMetrics) as e:
-            state.observe_failure(t, f"{f.name}: {e}")
+            err = ScrapeError("parse" if isinstance(e, ParseError) else "no_vllm_metrics", str(e))
+            state.observe_failure(t, f"{f.name}: {err}", err.reason)
         final = state.diagnose(t)
         hist.add(final)
         if args.timeline:
             print(json.dumps(final.as_dict()), flush=True)
     if not args.timeline:
         assert final is not None  # files is not empty
-        _print_result(final, hist, args.json)
+        _print_result(final, hist, args.json, "recording")
     return 0
 
 
@@ -309,7 +371,7 @@ async def _record(args, settings: Settings) -> int:
                     write_snapshot(args.out, t, body)
                 except OSError as e:  # a full disk, a file system gone read-only: stop, nothing partial is left
                     print(
-                        f"kvwatch: error: cannot write a snapshot to {args.out}: {e.strerror or e}; stopped after "
+                        f"kvwatch record: error: cannot write a snapshot to {args.out}: {e.strerror or e}; stopped after "
                         f"{saved} snapshots (each complete, no partial file left)",
                         file=sys.stderr,
                     )
@@ -348,7 +410,7 @@ async def _run(settings: Settings) -> int:
     try:
         await serve(settings, stop)
     except OSError as e:  # e.g. the port is taken
-        print(f"kvwatch: error: cannot listen on {settings.listen}: {e.strerror or e}", file=sys.stderr)
+        print(f"kvwatch run: error: cannot listen on {settings.listen}: {e.strerror or e}", file=sys.stderr)
         return 2
     return 0
 
@@ -369,7 +431,11 @@ def main(argv: list[str] | None = None) -> int:
         return logs_main(argv[1:])
     if not argv or (argv[0] not in SUBCOMMANDS and argv[0] not in ("-h", "--help", "--version")):
         argv.insert(0, "run")
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # argparse would word it as the top-level parser's: name the command, as every error does
+        commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+        commands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         if args.command == "run":
             settings = _settings(args)
@@ -380,11 +446,9 @@ def main(argv: list[str] | None = None) -> int:
                 settings = _settings(args)
                 _setup_logging(settings)
                 return _replay(args, settings)
-            if not args.url:
-                raise ConfigError("invalid setting: diagnose needs a URL or --replay DIR")
             if args.duration <= 0:
                 raise ConfigError("invalid setting --duration: must be > 0")
-            settings = _settings(args, target=[args.url])
+            settings = _settings(args, target=_url_argument(args.url))
             _setup_logging(settings)
             return asyncio.run(_diagnose_live(args, settings))
         if args.command == "plan":
@@ -392,11 +456,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "record":
             if args.duration <= 0:
                 raise ConfigError("invalid setting --duration: must be > 0")
-            settings = _settings(args, target=[args.url])
+            settings = _settings(args, target=_url_argument(args.url))
             _setup_logging(settings)
             return asyncio.run(_record(args, settings))
     except ConfigError as e:
-        print(f"kvwatch: error: {e}", file=sys.stderr)
+        print(f"kvwatch {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

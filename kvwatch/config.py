@@ -21,7 +21,7 @@ from kvwatch.engines import names as engine_names
 from kvwatch.history import MAX_SAMPLES
 from kvwatch.redact import redact_url
 
-__all__ = ["ConfigError", "DEFAULT_LISTEN", "DEFAULT_PORT", "Settings", "load_settings"]
+__all__ = ["ConfigError", "DEFAULT_LISTEN", "DEFAULT_PORT", "Settings", "check_target", "load_settings"]
 
 DEFAULT_PORT = 9847
 DEFAULT_LISTEN = f"0.0.0.0:{DEFAULT_PORT}"
@@ -32,6 +32,14 @@ _DEFAULT = Thresholds()
 
 class ConfigError(ValueError):
     """One line, naming the setting and what to fix."""
+
+
+def check_target(url: str) -> None:
+    """Raises ValueError (one line, the URL redacted) unless ``url`` is an http(s) URL: the caller names the
+    setting or argument it came from."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError(f"{redact_url(url)!r} is not an http(s) URL (e.g. http://127.0.0.1:8000/metrics)")
 
 
 class Settings(BaseSettings):
@@ -72,9 +80,7 @@ class Settings(BaseSettings):
         if not v:
             raise ValueError("at least one target URL is required")
         for url in v:
-            parts = urlsplit(url)
-            if parts.scheme not in ("http", "https") or not parts.netloc:
-                raise ValueError(f"{redact_url(url)!r} is not an http(s) URL (e.g. http://127.0.0.1:8000/metrics)")
+            check_target(url)
         if len(set(v)) != len(v):
             raise ValueError("the same target is listed twice")
         if len({redact_url(u) for u in v}) != len(v):

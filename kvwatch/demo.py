@@ -31,14 +31,18 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="kvwatch demo", description="Simulated vLLM + kvwatch + a live view.")
+    p = _Parser(
+        prog="kvwatch demo",
+        description="Simulated vLLM + kvwatch + a live view.",
+        epilog="None of these flags has an environment variable.",
+    )
     p.add_argument("--scenario", default="tour", help="simulator preset (default tour: every state in turn)")
     p.add_argument("--speed", type=float, default=4.0, help="simulated seconds per real second (default 4)")
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--seed", type=int, default=1, help="the simulator's random seed: same seed, same run (default 1)")
     p.add_argument("--listen", default="127.0.0.1:9847", help="where kvwatch serves (default 127.0.0.1:9847)")
     p.add_argument("--interval", default="0.5", help="kvwatch scrape interval in seconds (default 0.5)")
     p.add_argument("--window", default="3", help="kvwatch window in seconds (default 3: the sim runs fast)")
-    p.add_argument("--duration", type=float, help="stop after this many seconds")
+    p.add_argument("--duration", type=float, help="stop after this many seconds (default: run until Ctrl-C)")
     p.add_argument("--plain", action="store_true", help="one line per change of state (default without a TTY)")
     return p
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from kvwatch import __version__
-from kvwatch.catalog import Action, Bottleneck, KvPressure
+from kvwatch.catalog import Action, Bottleneck, KvPressure, ScrapeReason
 from kvwatch.engines import ENGINES
 from kvwatch.history import ENGINE_FIELDS, TARGET_FIELDS, parse_seconds
 
@@ -96,6 +96,7 @@ def page_config(settings: Settings, labels: list[str]) -> dict:
         ],
         "actions": {str(a): {"meaning": a.meaning, "flags": {e.name: e.flag(a) for e in ENGINES}} for a in Action},
         "kv_pressure": {str(k): {"label": k.label, **_swatch(k.colour)} for k in KvPressure},
+        "network_reasons": [str(r) for r in ScrapeReason if r.network],  # the banner says "unreachable" for these
     }
 
 

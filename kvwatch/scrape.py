@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 
 from kvwatch.catalog import ScrapeReason
-from kvwatch.redact import redact_url, scrub, url_secrets
+from kvwatch.redact import REDACTED, redact_text, redact_url
 
 __all__ = ["Fetcher", "ScrapeError", "REASONS"]
 
@@ -42,9 +42,11 @@ _HTML_START = ("<!doctype html", "<html", "<head", "<body", "<?xml")
 
 
 class ScrapeError(Exception):
-    def __init__(self, reason: str, detail: str):
+    """A failed scrape: its ``reason`` (the metric label) and what a user reads (``str``: the reason's words)."""
+
+    def __init__(self, reason: str, detail: str, *, text: str | None = None):
         self.reason = ScrapeReason(reason)  # a reason the catalogue does not list is a bug: ValueError
-        super().__init__(f"{reason}: {detail}")
+        super().__init__(text or self.reason.text.format(detail=detail))
         self.detail = detail
 
 
@@ -111,13 +113,18 @@ class Fetcher:
         try:
             token = self.cfg.bearer_token_file.read_text().strip()
         except OSError as e:
-            raise ScrapeError("connect", f"cannot read bearer token file: {e.strerror}") from None
+            raise _token_error(f"cannot read the bearer token file: {e.strerror}") from None
+        if not all(" " <= c <= "~" for c in token):
+            # h11 refuses such a header with its value in the message ("Illegal header value b'Bearer ...'"):
+            # refused here instead, the token is never in an error.
+            raise _token_error("the bearer token file holds a character a header cannot carry (a line break?)")
         return {"Authorization": f"Bearer {token}"}
 
     async def fetch(self, url: str) -> str:
+        headers = self._headers()
         try:
             async with asyncio.timeout(self.cfg.timeout):
-                return await self._fetch(url)
+                return await self._fetch(url, headers)
         except TimeoutError:
             # httpcore can leave a cancelled request's connection slot taken (NEW/ACTIVE forever): a
             # few such timeouts would block this target's pool for good. Start it afresh.
@@ -127,13 +134,11 @@ class Fetcher:
             self._discard(url)  # a transport failure: nothing in this pool is worth keeping
             if isinstance(e, httpx.RemoteProtocolError) and str(e).startswith(_BAD_LOCATION):
                 raise ScrapeError("redirect", "a redirect whose Location is not a valid URL (not followed)") from None
-            # Exception text may carry the URL (never our headers): its credentials go.
-            text = scrub(str(e), url_secrets(url))
-            raise ScrapeError("connect", type(e).__name__ + (f": {text}" if text else "")) from None
+            raise ScrapeError("connect", _error_text(e, headers)) from None
 
-    async def _fetch(self, url: str) -> str:
+    async def _fetch(self, url: str, headers: dict[str, str]) -> str:
         cap = self.cfg.max_body_bytes
-        async with self._client(url).stream("GET", url, headers=self._headers()) as resp:
+        async with self._client(url).stream("GET", url, headers=headers) as resp:
             _check_status(resp)
             encoding = resp.headers.get("content-encoding", "identity").lower().strip()
             if encoding not in ("identity", "gzip", ""):
@@ -171,13 +176,28 @@ class Fetcher:
         try:
             body = b"".join(parts).decode("utf-8")
         except UnicodeDecodeError as e:
-            raise ScrapeError("decode", f"body is not UTF-8 (byte {e.start})") from None
+            raise ScrapeError("decode", f"not UTF-8 (byte {e.start})") from None
         if openmetrics and not body.rstrip("\n").endswith("# EOF"):
             # OpenMetrics ends with "# EOF": without it the body was cut (a text body cut at a line end looks whole).
             raise ScrapeError("parse", "OpenMetrics body without '# EOF' (truncated?)")
         if body[:200].lstrip().lower().startswith(_HTML_START):
-            raise ScrapeError("html", "HTTP 200 with an HTML page, not metrics (a login or proxy page?)")
+            raise ScrapeError("html", "the body starts with an HTML tag (a login or proxy page?)")
         return body
+
+
+def _token_error(detail: str) -> ScrapeError:
+    # Counted as ``connect`` (nothing was sent), worded as what it is: the network is not to blame.
+    return ScrapeError("connect", detail, text=detail)
+
+
+def _error_text(e: httpx.HTTPError, headers: dict[str, str]) -> str:
+    """An httpx error's name and text: every URL in it redacted, and the Authorization header's exact value
+    (never sent by us into a message, but a library error could echo it) replaced."""
+    text = redact_text(str(e))
+    auth = headers.get("Authorization")
+    if auth:
+        text = text.replace(auth, "Bearer " + REDACTED)
+    return type(e).__name__ + (f": {text}" if text else "")
 
 
 def _check_status(resp: httpx.Response) -> None:
@@ -194,6 +214,4 @@ def _check_status(resp: httpx.Response) -> None:
     if resp.status_code != 200:
         raise ScrapeError("http_status", f"HTTP {resp.status_code}")
     if resp.headers.get("content-type", "").lower().startswith(("text/html", "application/xhtml")):
-        raise ScrapeError(
-            "html", "HTTP 200 with an HTML page (Content-Type text/html), not metrics (a login or proxy page?)"
-        )
+        raise ScrapeError("html", "HTTP 200 with Content-Type text/html (a login or proxy page?)")

@@ -40,6 +40,7 @@ class TargetDiagnosis:
     engines: list[Diagnosis] = field(default_factory=list)
     error: str | None = None
     engine_type: str | None = None  # the engine read (kvwatch.engines), None until one is recognised
+    error_reason: str | None = None  # the error's ScrapeReason (the metric's reason label)
 
     def as_dict(self) -> dict:
         out = {
@@ -52,6 +53,8 @@ class TargetDiagnosis:
         }
         if self.error:
             out["error"] = self.error
+            if self.error_reason:
+                out["error_reason"] = self.error_reason
         return out
 
 
@@ -85,6 +88,7 @@ class Target:
         self.last_success: float | None = None
         self.last_attempt: float | None = None
         self.last_error: str | None = None
+        self.last_reason: str | None = None  # the last error's ScrapeReason, None after a good scrape
         self.up = False
         # What the scrape loop counts, for kvwatch_up / _scrape_duration_seconds / _scrape_errors_total.
         self.errors = {r: 0 for r in REASONS}
@@ -134,7 +138,7 @@ class Target:
                 hist = self.engines[key] = EngineHistory(*key, keep_seconds=self.window_seconds + 1.0)
             hist.add(t, snap)
         self.last_success = self.last_attempt = t
-        self.last_error = None
+        self.last_error = self.last_reason = None
         self.up = True
 
     def _engine_of(self, families, body: str) -> Engine:
@@ -156,9 +160,10 @@ class Target:
             self.engine_kind = seen
         return seen
 
-    def observe_failure(self, t: float, error: str) -> None:
+    def observe_failure(self, t: float, error: str, reason: str | None = None) -> None:
         self.last_attempt = t
         self.last_error = error
+        self.last_reason = reason
         self.up = False
 
     def fresh_engines(self, now: float) -> list[EngineHistory]:
@@ -181,7 +186,16 @@ class Target:
         else:
             overall = most_severe([d.bottleneck for d in diags])
         engine_type = self.engine_kind.name if self.engine_kind else None
-        return TargetDiagnosis(now, self.target, self.up, overall, diags, self.last_error, engine_type)
+        return TargetDiagnosis(
+            now,
+            self.target,
+            self.up,
+            overall,
+            diags,
+            self.last_error,
+            engine_type=engine_type,
+            error_reason=self.last_reason,
+        )
 
 
 def _seen(body: str, most: int = 5) -> str:

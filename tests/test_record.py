@@ -139,7 +139,7 @@ async def test_a_full_disk_stops_the_recording_with_one_line(tmp_path):
             code, out, err = await _record(mnt, up.url, 30)
         assert code == 1, (code, out, err)
         lines = _error_lines(err)
-        assert len(lines) == 1 and lines[0].startswith("kvwatch: error: cannot write a snapshot to "), err
+        assert len(lines) == 1 and lines[0].startswith("kvwatch record: error: cannot write a snapshot to "), err
         assert "No space left on device" in lines[0] and "no partial file left" in lines[0]
         assert out == ""
         assert _complete_snapshots_only(mnt, captures("kv_cache")) >= 1  # the first fitted; the second did not
@@ -156,7 +156,7 @@ async def test_a_read_only_directory_is_refused_at_start_with_exit_2(tmp_path):
         code, out, err = await _record(mnt, "http://127.0.0.1:9/metrics", 5)
         assert code == 2, (code, out, err)
         assert err.strip().splitlines() == [
-            f"kvwatch: error: invalid setting --out: cannot write to {str(mnt)!r}: Read-only file system"
+            f"kvwatch record: error: invalid setting --out: cannot write to {str(mnt)!r}: Read-only file system"
         ]
         assert list(mnt.iterdir()) == []
     finally:

@@ -4,6 +4,7 @@ and the environment that carries them appear in no label, page, API document, lo
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import logging
 import os
@@ -13,9 +14,10 @@ import sys
 import httpx
 import pytest
 
+from kvwatch.app import serve
 from kvwatch.config import ConfigError, load_settings
 from kvwatch.logformat import formatter
-from kvwatch.redact import REDACTED, SecretFilter, redact_url, scrub, url_secrets
+from kvwatch.redact import REDACTED, SecretFilter, redact_text, redact_url
 from tests.helpers.fake_vllm import FakeVllm as Upstream
 from tests.helpers.ports import free_port
 
@@ -34,11 +36,15 @@ def test_redacted_form_is_documented_and_stable(url, shown):
     assert redact_url(url) == shown == redact_url(url)
 
 
-def test_secrets_of_a_url_and_scrubbing():
-    url = "http://bob:p%40ss@h/m?token=abc%2F&x=1"
-    secrets = url_secrets(url)
-    assert {"p%40ss", "p@ss", "abc%2F", "abc/"} <= set(secrets) and "bob" not in secrets
-    assert scrub("GET http://bob:p%40ss@h/m?token=abc%2F failed (p@ss)", secrets).count(REDACTED) == 3
+def test_urls_in_free_text_are_redacted_by_structure():
+    # Was a scrub of every occurrence of each secret (raw and percent-decoded) anywhere in the text: that is
+    # what mangled "listening" with a one-letter password (issue 25). Now every URL is redacted as a URL.
+    text = "GET http://bob:p%40ss@h/m?token=abc%2F&x=1 failed; see 'https://h2/x?api_key=k' (retrying)"
+    assert redact_text(text) == (
+        "GET http://<secret>@h/m?token=<secret>&x=1 failed; see 'https://h2/x?api_key=<secret>' (retrying)"
+    )
+    label = redact_url("http://bob:e@h/m?token=e")
+    assert redact_text(f"GET {label} listening") == f"GET {label} listening"  # a label redacts to itself
 
 
 def test_targets_that_differ_only_in_credentials_are_refused():
@@ -51,8 +57,14 @@ def test_targets_that_differ_only_in_credentials_are_refused():
 
 def test_the_log_filter_scrubs_other_libraries_records(caplog):
     record = logging.LogRecord("httpx", logging.INFO, __file__, 1, "HTTP Request: GET %s", (f"http://u:{PASSWORD}@h/",), None)
-    SecretFilter([PASSWORD]).filter(record)
+    SecretFilter().filter(record)
     assert PASSWORD not in record.getMessage() and REDACTED in record.getMessage()
+    # kvwatch's own lines name labels, and pass as written (a URL-shaped scan would take the comma for the
+    # last query value's)
+    labels = ", ".join(redact_url(f"http://u:e@h{i}/m?token=e") for i in (1, 2))
+    ours = logging.LogRecord("kvwatch", logging.INFO, __file__, 1, "watching %s", (labels,), None)
+    SecretFilter().filter(ours)
+    assert ours.getMessage() == f"watching {labels}"
 
 
 async def _get(client: httpx.AsyncClient, url: str) -> str:
@@ -82,7 +94,7 @@ def test_json_log_lines_are_scrubbed_too():
     record = logging.LogRecord("httpx", logging.WARNING, __file__, 1, "GET %s", (url,), exc)
     record.target = url  # a caller that passed the raw URL by mistake
     handler = logging.StreamHandler()
-    handler.addFilter(SecretFilter(url_secrets(url) + [BEARER]))
+    handler.addFilter(SecretFilter())
     handler.setFormatter(formatter("json"))
     assert handler.filter(record)
     line = handler.format(record)
@@ -234,3 +246,52 @@ def test_userinfo_and_a_bearer_token_are_refused_together(tmp_path):
     with pytest.raises(ConfigError, match="basic auth") as e:
         load_settings(target=[f"http://u:{PASSWORD}@h/metrics"], bearer_token_file=str(token))
     assert PASSWORD not in str(e.value)
+
+
+@pytest.mark.parametrize("secret", ["e", "s", "secret", REDACTED])
+async def test_short_and_placeholder_like_secrets_mangle_nothing(secret):
+    """A one-letter or placeholder-like password: every line reads as written, the label is exact, the log's
+    ``target`` is the metric label byte for byte (a substring scrub made "list<secret>ning" and "<<secret>>")."""
+    async with Upstream() as up:
+        up.mode, up.status = "status", 404
+        target = f"http://u:{secret}@127.0.0.1:{up.port}/metrics?token={secret}&x=1"
+        label = f"http://<secret>@127.0.0.1:{up.port}/metrics?token=<secret>&x=1"
+        port = free_port()
+        settings = load_settings(target=[target], listen=f"127.0.0.1:{port}", interval=0.5)
+        out = io.StringIO()
+        handler = logging.StreamHandler(out)
+        handler.addFilter(SecretFilter())
+        handler.setFormatter(formatter("json"))
+        root, httpx_log = logging.getLogger(), logging.getLogger("httpx")
+        levels = root.level, httpx_log.level
+        root.addHandler(handler)
+        root.setLevel(logging.INFO)
+        httpx_log.setLevel(logging.INFO)  # its request line carries the whole URL, userinfo included
+        stop = asyncio.Event()
+        task = asyncio.create_task(serve(settings, stop))
+        try:
+            async with httpx.AsyncClient() as c:
+                await _wait(lambda: _says(c, f"http://127.0.0.1:{port}/metrics", "kvwatch_scrape_errors"), "an error")
+                metrics = (await c.get(f"http://127.0.0.1:{port}/metrics")).text
+            await _wait(lambda: _true("scrape of" in out.getvalue()), "the warning")
+        finally:
+            stop.set()
+            await task
+            root.removeHandler(handler)
+            root.setLevel(levels[0])
+            httpx_log.setLevel(levels[1])
+    docs = [json.loads(line) for line in out.getvalue().splitlines()]
+    ours = [d for d in docs if d["logger"] == "kvwatch"]
+    assert ours[0]["message"] == f"kvwatch 0.1.0 listening on http://127.0.0.1:{port}, watching {label}", ours
+    assert ours[1]["message"] == f"scrape of {label} failed (http_status): HTTP 404 — is the path /metrics?"
+    assert ours[1]["target"] == label and f'target="{label}"' in metrics  # the log's target is the label, exactly
+    requests = [d["message"] for d in docs if d["logger"] == "httpx" and f":{up.port}/" in d["message"]]
+    assert requests and all(r == f'HTTP Request: GET {label} "HTTP/1.1 404 Not Found"' for r in requests), requests
+
+
+async def _says(client: httpx.AsyncClient, url: str, text: str) -> bool:
+    return text in await _get(client, url)
+
+
+async def _true(value: bool) -> bool:
+    return value

@@ -224,6 +224,23 @@ def test_many_targets_overview_sorted_by_severity_links_to_each(stack, tmp_path)
         page.goto(stack["base"] + "/")  # back to the one-target kvwatch (before this one stops) for the last test
 
 
+def test_a_wrong_path_is_not_called_unreachable(stack):
+    """A 404 is a wrong address, not a network failure: the banner says what came back (issue 25)."""
+    page = stack["page"]
+    port = free_ports(1)[0]
+    wrong = stack["sim_url"].removesuffix("/metrics") + "/nope"
+    argv = [*KVWATCH, "run", "--target", wrong, "--listen", f"127.0.0.1:{port}", "--interval", "0.5"]
+    with Process(argv, ARTIFACTS / "logs" / "kvwatch-wrong-path.log", name="kvwatch (wrong path)") as kv:
+        kv.wait_for_url(f"http://127.0.0.1:{port}/readyz", timeout=60)
+        page.goto(f"http://127.0.0.1:{port}/")
+        banner = wait_for(lambda: (b := page.evaluate("document.getElementById('banner').textContent"))
+                          and "HTTP 404" in b and b, timeout=60, what="the banner for a wrong path")
+        assert "vLLM's metrics unreadable" in banner and "HTTP 404 — is the path /metrics?" in banner, banner
+        assert "unreachable" not in banner and "?." not in banner, banner
+        _no_console_errors(page)
+        page.goto(stack["base"] + "/")  # back to the one-target kvwatch for the next test
+
+
 def test_unreachable_keeps_the_last_diagnosis_then_stale_when_kvwatch_stops(stack):
     page = stack["page"]
     page.wait_for("document.querySelector('article.engine [data-role=bottleneck]') !== null", timeout=60)

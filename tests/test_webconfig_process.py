@@ -181,7 +181,7 @@ def test_a_bad_web_config_exits_2_with_one_line(case, says, tmp_path):
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith("kvwatch: error: invalid setting --web-config-file (env KVWATCH_WEB_CONFIG_FILE): ")
+    assert lines[0].startswith("kvwatch run: error: invalid setting --web-config-file (env KVWATCH_WEB_CONFIG_FILE): ")
     assert str(web) in lines[0] and all(s in lines[0] for s in says), lines[0]
     with pytest.raises(OSError):  # nothing was left listening
         socket.create_connection(("127.0.0.1", port), timeout=2).close()

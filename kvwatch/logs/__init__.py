@@ -60,21 +60,23 @@ def build_parser() -> argparse.ArgumentParser:
         "('Avg prompt throughput: ...') and the start-up lines that give its KV capacity and limits.",
         epilog="examples:\n  kvwatch logs server.log\n  kubectl logs -f POD | kvwatch logs -\n"
         "  kvwatch logs --follow /var/log/vllm.log --json\n\n"
-        "exit status: 0 when at least one stats record was read, 1 when none, 2 on bad usage.",
+        "exit status: 0 when at least one stats record was read, 1 when none, 2 on bad usage.\n\nNone of these flags has an environment variable.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("file", metavar="FILE|-", help="vLLM's log file, or - for standard input")
     p.add_argument("--json", action="store_true", help="one JSON object per stats record, as it is read")
     p.add_argument("--follow", action="store_true", help="keep reading FILE as it grows (until interrupted)")
-    p.add_argument("--max-num-seqs", type=_positive_int, metavar="N", help="vLLM's --max-num-seqs (else from the log)")
+    p.add_argument(
+        "--max-num-seqs", type=_positive_int, metavar="N", help="vLLM's --max-num-seqs (default: from the log)"
+    )
     p.add_argument(
         "--max-num-batched-tokens",
         type=_positive_int,
         metavar="N",
-        help="vLLM's --max-num-batched-tokens (else from the log)",
+        help="vLLM's --max-num-batched-tokens (default: from the log)",
     )
     p.add_argument(
-        "--max-model-len", type=_positive_int, metavar="N", help="vLLM's --max-model-len (else from the log)"
+        "--max-model-len", type=_positive_int, metavar="N", help="vLLM's --max-model-len (default: from the log)"
     )
     return p
 

@@ -63,11 +63,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="kvwatch sim",
         description="A simulated vLLM 0.32 server (V1 scheduler model) serving /metrics.",
+        epilog="None of these flags has an environment variable.",
     )
     p.add_argument(
         "--scenario", default=None, metavar="NAME", help="preset: " + ", ".join(list_presets()) + " (default: tour)"
     )
-    p.add_argument("--scenario-file", default=None, metavar="F", help="a scenario JSON file of your own")
+    p.add_argument(
+        "--scenario-file", default=None, metavar="F", help="a scenario JSON file of your own (default: none)"
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument(
         "--port",
@@ -106,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="F",
         help="append vLLM's own server log lines to F (the KV-cache size line, then a stats line per engine "
-        "every 10 simulated seconds), for `kvwatch logs`",
+        "every 10 simulated seconds), for `kvwatch logs` (default: none)",
     )
     p.add_argument("--list-scenarios", action="store_true", help="print the presets and exit")
     return p

@@ -230,11 +230,15 @@
       const good = state.lastGood.get(d.target);
       // Clock times only: a banner that said "5 s ago" would change, and be read out again, every second.
       const seen = good ? " Showing its last diagnosis, from " + clock(good.timestamp) + "." : "";
-      return d.target + ": " + (d.error || "no successful scrape yet") + "." + seen;
+      const why = d.error || "no successful scrape yet";
+      return d.target + ": " + why + (/[.?!]$/.test(why) ? "" : ".") + seen;
     });
     if (down.length > 5) lines.push("… and " + (down.length - 5) + " more.");
-    const title = n > 1 ? "vLLM unreachable: " + down.length + " of " + n + " targets" : "vLLM unreachable";
-    return { kind: "down", title: title + " (kvwatch cannot scrape its /metrics)", lines: lines };
+    // Unreachable only when the network is to blame: a wrong address (404, an HTML page...) says what came back.
+    const network = down.every((d) => !d.error_reason || CFG.network_reasons.includes(d.error_reason));
+    const what = network ? "vLLM unreachable" : "vLLM's metrics unreadable";
+    const title = n > 1 ? what + ": " + down.length + " of " + n + " targets" : what;
+    return { kind: "down", title: title + (network ? " (kvwatch cannot scrape its /metrics)" : " (kvwatch reaches it, but reads no metrics there)"), lines: lines };
   }
 
   function renderBanner() {
