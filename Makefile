@@ -6,7 +6,7 @@
 #   make ci         what .ci/run runs after installing: generated files, test-all, benchmark ratios, e2e
 #   make e2e        the real-vLLM lane (bash .ci/e2e.sh; installs vLLM's CPU build on first use)
 #   make bench      the benchmark (python -m bench; ARGS=--quick for a smoke run)
-#   make generate   rewrite the generated dashboards, PrometheusRule and README tables
+#   make generate   rewrite the generated dashboards, PrometheusRule, runbook links and docs tables
 #   make lint       ruff check, ruff format --check, mypy (kvwatch/)
 #
 # ARGS is passed on to pytest / bench, e.g. `make test ARGS='-k parse -x'`.
