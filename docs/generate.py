@@ -70,7 +70,9 @@ def faults_table(root: str = "") -> str:
     for f in ALL:
         path, _, name = f.test.partition("::")
         test = f"`{name}[{f.id}]`" if name == "test_fault_sets_up_0_counts_reason_and_recovers" else f"`{name}`"
-        rows.append(f"| {f.fault} | {f.does} | {f'`{f.reason}`' if f.reason else '-'} | [{path}]({root}{path}) {test} |")
+        rows.append(
+            f"| {f.fault} | {f.does} | {f'`{f.reason}`' if f.reason else '-'} | [{path}]({root}{path}) {test} |"
+        )
     return "\n".join(rows)
 
 
@@ -148,15 +150,20 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     current = {page: page.read_text() for page in PAGES}
     if absent := missing(current):
-        print(f"no page holds the generated block(s) {', '.join(absent)}: add <!-- BEGIN catalog:NAME --> ... "
-              "<!-- END catalog:NAME --> where the topic is documented", file=sys.stderr)
+        print(
+            f"no page holds the generated block(s) {', '.join(absent)}: add <!-- BEGIN catalog:NAME --> ... "
+            "<!-- END catalog:NAME --> where the topic is documented",
+            file=sys.stderr,
+        )
         return 1
     wanted = {page: render(text, "" if page.parent == REPO else "../") for page, text in current.items()}
     stale = [page for page in PAGES if current[page] != wanted[page]]
     if args.check:
         for page in stale:
-            print(f"{page.relative_to(REPO)}: generated tables are out of date: run python docs/generate.py",
-                  file=sys.stderr)
+            print(
+                f"{page.relative_to(REPO)}: generated tables are out of date: run python docs/generate.py",
+                file=sys.stderr,
+            )
         return 1 if stale else 0
     for page in stale:
         page.write_text(wanted[page])

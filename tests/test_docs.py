@@ -71,8 +71,10 @@ def test_every_relative_link_and_anchor_resolves(page):
 
 
 def test_the_check_finds_a_broken_link_and_a_broken_anchor(tmp_path):
-    (tmp_path / "a.md").write_text("# A\n\n## Two words\n\n[ok](#two-words) [ok](b.md#b) `[not a link](nowhere.md)`\n"
-                                   "[gone](missing.md) [bad anchor](b.md#nope) ![picture](c.png)\n")
+    (tmp_path / "a.md").write_text(
+        "# A\n\n## Two words\n\n[ok](#two-words) [ok](b.md#b) `[not a link](nowhere.md)`\n"
+        "[gone](missing.md) [bad anchor](b.md#nope) ![picture](c.png)\n"
+    )
     (tmp_path / "b.md").write_text("# B\n\n```\n# not a heading\n```\n")
     assert [p.split(":")[0] for p in broken(tmp_path / "a.md")] == ["missing.md", "b.md#nope", "c.png"]
 
