@@ -3,6 +3,9 @@
 # kvwatch sidecar image.
 #
 #   docker build -t kvwatch:0.1.0 .
+#
+# No image is published: build it and push it to your registry (deploy/README.md). Dependencies install at the
+# versions pinned in constraints.txt, so two builds of one commit hold the same code.
 #   docker run --rm --read-only --tmpfs /tmp -p 9847:9847 kvwatch:0.1.0 \
 #       --target http://host.docker.internal:8000/metrics
 #
@@ -26,14 +29,16 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     WHEELHOUSE=/tmp/wheelhouse
 
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md constraints.txt ./
 COPY kvwatch/ kvwatch/
 
-# Build the wheel, install it (and its dependencies) into a venv without pip, then compile every module to
-# bytecode that never needs rewriting (unchecked-hash: valid whatever the file times become after COPY).
+# Build the wheel, install it and its dependencies (at constraints.txt's versions) into a venv without pip, then
+# compile every module to bytecode that never needs rewriting (unchecked-hash: valid whatever the file times
+# become after COPY).
 RUN python -m pip wheel --no-deps --wheel-dir "$WHEELHOUSE" . \
  && python -m venv --without-pip "$VENV" \
- && python -m pip --python "$VENV/bin/python" install --no-compile "$WHEELHOUSE"/kvwatch-*.whl \
+ && python -m pip --python "$VENV/bin/python" install --no-compile --constraint constraints.txt \
+        "$WHEELHOUSE"/kvwatch-*.whl \
  && "$VENV/bin/python" -m compileall -q -j 0 --invalidation-mode unchecked-hash "$VENV/lib" \
  && "$VENV/bin/kvwatch" --help >/dev/null
 

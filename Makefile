@@ -6,8 +6,9 @@
 #   make ci         what .ci/run runs after installing: generated files, test-all, benchmark ratios, e2e
 #   make e2e        the real-vLLM lane (bash .ci/e2e.sh; installs vLLM's CPU build on first use)
 #   make bench      the benchmark (python -m bench; ARGS=--quick for a smoke run)
-#   make generate   rewrite the generated dashboards, PrometheusRule and README tables
+#   make generate   rewrite the generated dashboards, PrometheusRule, runbook links and docs tables
 #   make lint       ruff check, ruff format --check, mypy (kvwatch/)
+#   make screenshot rewrite docs/status-page.png, the README's picture (kvwatch demo in headless Chromium, ~1 min)
 #
 # ARGS is passed on to pytest / bench, e.g. `make test ARGS='-k parse -x'`.
 
@@ -22,7 +23,7 @@ LINT_PATHS := kvwatch
 
 # The steps share one machine (and the e2e lane wants all of it): never run them side by side under -j.
 .NOTPARALLEL:
-.PHONY: test test-all ci e2e bench bench-check generate check-generated lint
+.PHONY: test test-all ci e2e bench bench-check generate check-generated lint screenshot
 
 test:
 	$(PYTEST) -q -n 2 $(ARGS)
@@ -65,3 +66,8 @@ lint:
 	echo "=== ruff format --check"; $(PY) -m ruff format --check $(LINT_PATHS) || rc=1; \
 	echo "=== mypy (kvwatch/)"; $(PY) -m mypy || rc=1; \
 	exit $$rc
+
+# Not part of `generate`: a picture is never byte-identical twice, so no check can hold it. Run it when the page
+# looks different (CONTRIBUTING.md, "The status page").
+screenshot:
+	$(PY) docs/screenshot.py

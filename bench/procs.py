@@ -36,7 +36,7 @@ def payload_server(fanin: int = 0, b_captures: int = 48, cpu: int | None = None)
 @contextlib.contextmanager
 def kvwatch_run(targets: list[str], *flags: str, cpu: int | None = None, entry: tuple[str, ...] = ("-m", "kvwatch")):
     """A real ``kvwatch run`` process (``python -m kvwatch``); yields (process, its base URL).
-    Targets go in KVWATCH_TARGET (comma-separated), as the README documents. ``entry`` replaces
+    Targets go in KVWATCH_TARGET (comma-separated), as docs/configuration.md documents. ``entry`` replaces
     ``-m kvwatch`` (a test runs a deliberately leaking kvwatch through ``-c``)."""
     port = free_port()
     env = dict(os.environ, KVWATCH_TARGET=",".join(targets), KVWATCH_LOG_LEVEL="error")

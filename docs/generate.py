@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
-"""Write the README's vocabulary tables from ``kvwatch/catalog.py``: exported metrics, bottlenecks, actions,
-confidence levels; the fault table from ``tests/fault_table.py`` (the tests' own cases) and kvwatch's own
-/metrics worst case from ``kvwatch.export.worst_case``.
+"""Write the documentation's generated tables: from ``kvwatch/catalog.py`` the exported metrics, bottlenecks,
+actions, confidence levels and scrape-error reasons; the fault table from ``tests/fault_table.py`` (the tests' own
+cases); kvwatch's own /metrics worst case from ``kvwatch.export.worst_case``; the alert table from
+``alerts/kvwatch-alerts.yaml``.
 
-Each table sits between ``<!-- BEGIN catalog:NAME -->`` and ``<!-- END catalog:NAME -->``; the rest of the
-README is left as it is.
+Each table sits between ``<!-- BEGIN catalog:NAME -->`` and ``<!-- END catalog:NAME -->`` in README.md or a page of
+docs/, wherever the topic's page is; the rest of each page is left as it is. Every table appears somewhere.
 
-    python docs/generate.py           # rewrite the tables in README.md
-    python docs/generate.py --check   # exit 1 if README.md's tables differ from the catalogue
+    python docs/generate.py           # rewrite the tables in README.md and docs/*.md
+    python docs/generate.py --check   # exit 1 if a page's tables differ from their sources
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+import yaml  # noqa: E402
+
 from kvwatch.app import MAX_CONNECTIONS, REQUEST_DEADLINE_SECONDS  # noqa: E402
 from kvwatch.catalog import ENGINE, FAMILIES, Action, Bottleneck, Confidence, Family, ScrapeReason  # noqa: E402
 from kvwatch.config import Settings  # noqa: E402
@@ -28,7 +31,8 @@ from kvwatch.export import worst_case  # noqa: E402
 from kvwatch.snapshot import MAX_LABEL_CHARS  # noqa: E402
 from tests.fault_table import ALL  # noqa: E402
 
-README = REPO / "README.md"
+PAGES = (REPO / "README.md", *sorted((REPO / "docs").glob("*.md")))
+BLOCK = re.compile(r"(<!-- BEGIN catalog:(\w+) -->\n).*?(<!-- END catalog:\2 -->)", re.S)
 
 
 def _metric_name(f: Family) -> str:
@@ -64,12 +68,32 @@ def confidence_table() -> str:
     return "\n".join(rows)
 
 
-def faults_table() -> str:
+def faults_table(root: str = "") -> str:
+    """``root``: the repository's root seen from the page (``../`` from docs/), for the links to the tests."""
     rows = ["| fault | what kvwatch does | `reason` | test |", "|---|---|---|---|"]
     for f in ALL:
         path, _, name = f.test.partition("::")
         test = f"`{name}[{f.id}]`" if name == "test_fault_sets_up_0_counts_reason_and_recovers" else f"`{name}`"
-        rows.append(f"| {f.fault} | {f.does} | {f'`{f.reason}`' if f.reason else '-'} | [{path}]({path}) {test} |")
+        rows.append(
+            f"| {f.fault} | {f.does} | {f'`{f.reason}`' if f.reason else '-'} | [{path}]({root}{path}) {test} |"
+        )
+    return "\n".join(rows)
+
+
+def alerts_table() -> str:
+    """One row per alert of alerts/kvwatch-alerts.yaml, its rules' severities and ``for`` in file order, and its
+    runbook: the section of docs/alerts.md its runbook_url names."""
+    alerts: dict[str, list[dict]] = {}
+    for group in yaml.safe_load((REPO / "alerts" / "kvwatch-alerts.yaml").read_text())["groups"]:
+        for rule in group["rules"]:
+            if "alert" in rule:
+                alerts.setdefault(rule["alert"], []).append(rule)
+    rows = ["| alert | severity | for | runbook |", "|---|---|---|---|"]
+    for name, rules in alerts.items():
+        severity = " / ".join(r["labels"]["severity"] for r in rules)
+        wait = " / ".join(r.get("for", "–") for r in rules)
+        anchor = rules[0]["annotations"]["runbook_url"].rpartition("#")[2]
+        rows.append(f"| `{name}` | {severity} | {wait} | [runbook](#{anchor}) |")
     return "\n".join(rows)
 
 
@@ -101,30 +125,52 @@ TABLES = {
     "faults": faults_table,
     "reasons": reasons_table,
     "worst_case": worst_case_text,
+    "alerts": alerts_table,
 }
 
 
-def render(text: str) -> str:
-    for name, table in TABLES.items():
-        pattern = re.compile(rf"(<!-- BEGIN catalog:{name} -->\n).*?(<!-- END catalog:{name} -->)", re.S)
-        if not pattern.search(text):
-            raise SystemExit(f"README.md has no <!-- BEGIN catalog:{name} --> ... <!-- END catalog:{name} --> block")
-        text = pattern.sub(lambda m: m.group(1) + table() + "\n" + m.group(2), text)
-    return text
+def render(text: str, root: str = "") -> str:
+    """The page with each generated block rewritten; ``root`` is the repository root seen from the page."""
+
+    def block(m: re.Match[str]) -> str:
+        name = m.group(2)
+        if name not in TABLES:
+            raise SystemExit(f"unknown generated block catalog:{name} (known: {', '.join(TABLES)})")
+        table = faults_table(root) if name == "faults" else TABLES[name]()
+        return m.group(1) + table + "\n" + m.group(3)
+
+    return BLOCK.sub(block, text)
+
+
+def missing(pages: dict[Path, str]) -> list[str]:
+    """Tables no page holds."""
+    found = {m.group(2) for text in pages.values() for m in BLOCK.finditer(text)}
+    return [name for name in TABLES if name not in found]
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--check", action="store_true", help="fail if README.md's tables are out of date")
+    ap.add_argument("--check", action="store_true", help="fail if a page's tables are out of date")
     args = ap.parse_args(argv)
-    current = README.read_text()
-    wanted = render(current)
+    current = {page: page.read_text() for page in PAGES}
+    if absent := missing(current):
+        print(
+            f"no page holds the generated block(s) {', '.join(absent)}: add <!-- BEGIN catalog:NAME --> ... "
+            "<!-- END catalog:NAME --> where the topic is documented",
+            file=sys.stderr,
+        )
+        return 1
+    wanted = {page: render(text, "" if page.parent == REPO else "../") for page, text in current.items()}
+    stale = [page for page in PAGES if current[page] != wanted[page]]
     if args.check:
-        if current != wanted:
-            print("README.md's catalogue tables are out of date: run python docs/generate.py", file=sys.stderr)
-            return 1
-        return 0
-    README.write_text(wanted)
+        for page in stale:
+            print(
+                f"{page.relative_to(REPO)}: generated tables are out of date: run python docs/generate.py",
+                file=sys.stderr,
+            )
+        return 1 if stale else 0
+    for page in stale:
+        page.write_text(wanted[page])
     return 0
 
 

@@ -1,4 +1,4 @@
-"""The faults kvwatch is tested against, one row each: the README's fault table is generated from this list
+"""The faults kvwatch is tested against, one row each: docs/faults.md's fault table is generated from this list
 (docs/generate.py, ``make check-generated``), and the tests read their cases from it, so the two cannot drift.
 
 ``UPSTREAM`` parametrises tests/test_faults.py::test_fault_sets_up_0_counts_reason_and_recovers (``mode`` is the
@@ -24,7 +24,7 @@ class Fault:
 
 
 # Every UPSTREAM case checks it: kvwatch_up 0, that one reason counted, the last good values kept (one bad
-# scrape is within --stale-after), and the next good scrape recovers (README "Faults" says it once).
+# scrape is within --stale-after), and the next good scrape recovers (docs/faults.md says it once).
 _RECOVERS = "the reason counted"
 
 UPSTREAM = [

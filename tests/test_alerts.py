@@ -1,4 +1,4 @@
-"""alerts/ checked with the real tools (promtool, amtool) and against the contract in README.md.
+"""alerts/ checked with the real tools (promtool, amtool) and against the contract in docs/ (metrics, diagnosis, alerts).
 
 promtool / amtool missing is a failure, not a skip: CI installs them with .ci/install-tools.sh.
 The end-to-end path (real Prometheus + Alertmanager + kvwatch) is tests/test_alerts_pipeline.py.
@@ -22,7 +22,8 @@ REPO = Path(__file__).resolve().parents[1]
 ALERTS = REPO / "alerts"
 RULE_FILES = [ALERTS / "kvwatch-rules.yaml", ALERTS / "kvwatch-alerts.yaml"]
 AM_CONFIG = ALERTS / "alertmanager.yml"
-RUNBOOKS = ALERTS / "runbooks.md"
+DOCS = REPO / "docs"
+RUNBOOKS = DOCS / "alerts.md"
 SCHEMA = REPO / "tests" / "fixtures" / "schemas" / "monitoring.coreos.com_prometheusrules.yaml"
 
 BOTTLENECKS = set(Bottleneck)
@@ -133,22 +134,22 @@ def test_engine_alerts_carry_the_diagnosis():
 
 
 def test_rules_only_use_exported_metrics():
-    readme = (REPO / "README.md").read_text()
-    exported = {m.removesuffix("_total") for m in re.findall(r"`(kvwatch_[a-z_]+)", readme)}
+    documented = (DOCS / "metrics.md").read_text()
+    exported = {m.removesuffix("_total") for m in re.findall(r"`(kvwatch_[a-z_]+)", documented)}
     used = set()
     for f in RULE_FILES:  # kvwatch's own series, not recording rules named level:kvwatch_...:op
         used |= set(re.findall(r"(?<![:\w])(kvwatch_[a-z_]+)", f.read_text()))
     used = {m.removesuffix("_total") for m in used}
     assert used <= exported, used - exported
-    # bottleneck / action label values are the README's vocabulary
+    # bottleneck / action label values are the catalogue's vocabulary
     text = "".join(f.read_text() for f in RULE_FILES)
     assert set(re.findall(r'bottleneck="([a-z_]+)"', text)) <= BOTTLENECKS
     assert set(re.findall(r'"action", "([a-z0-9_]+)"', text)) == set(ACTIONS)
 
 
-def test_recommendation_cost_order_matches_readme():
-    readme = (REPO / "README.md").read_text()
-    section = readme.split("<!-- BEGIN catalog:actions -->", 1)[1].split("<!-- END", 1)[0]
+def test_recommendation_cost_order_matches_the_docs():
+    documented = (DOCS / "diagnosis.md").read_text()
+    section = documented.split("<!-- BEGIN catalog:actions -->", 1)[1].split("<!-- END", 1)[0]
     assert re.findall(r"^\| `([a-z_0-9]+)`", section, re.M) == ACTIONS
     rank = next(r for r in recording_rules() if r["record"] == "kvwatch:recommendation_action:cost_rank")
     assert re.findall(r'vector\((\d+)\), "action", "([a-z0-9_]+)"', rank["expr"]) == [
@@ -187,7 +188,7 @@ def test_every_runbook_url_has_its_section():
     anchors = {_anchor(h) for h in re.findall(r"^#{2,3} (.+)$", text, re.M)}
     for rule in alert_rules():
         url = rule["annotations"]["runbook_url"]
-        assert url.startswith("https://") and "/alerts/runbooks.md#" in url, url
+        assert url.startswith("https://") and "/docs/alerts.md#" in url, url
         assert url.split("#", 1)[1] in anchors, f"{rule['alert']}: no section for {url}"
     for name in {r["alert"] for r in alert_rules()}:
         assert f"## {name}" in text
@@ -324,11 +325,33 @@ def test_check_refuses_rules_that_disagree_with_the_catalogue(tmp_path, monkeypa
         "kvwatch-rules.yaml": rules.replace('"action", "add_replica"', '"action", "add_replicas"'),
         "kvwatch-alerts.yaml": alerts.replace('kvwatch_bottleneck{bottleneck="token_budget"}', "vector(0)"),
     }.items():
-        for f in gen.SOURCES + ("runbooks.md",):
+        for f in gen.SOURCES:
             (tmp_path / f).write_text((ALERTS / f).read_text())
         (tmp_path / name).write_text(text)
         monkeypatch.setattr(gen, "HERE", tmp_path)
         assert gen.vocabulary_problems(), name
+
+
+def test_check_refuses_a_runbook_url_off_the_docs_page(tmp_path, monkeypatch):
+    """Each runbook_url is alerts/generate.py's RUNBOOK_URL + the alert's section of docs/alerts.md; generating
+    puts a stray one (here: the runbooks' old place) back."""
+    import alerts.generate as gen
+
+    alerts = (ALERTS / "kvwatch-alerts.yaml").read_text()
+    stray = alerts.replace(f"{gen.RUNBOOK_URL}#kvwatchdown", "https://example.com/alerts/runbooks.md#kvwatchdown")
+    assert stray != alerts
+    for f in gen.SOURCES:
+        (tmp_path / f).write_text((ALERTS / f).read_text())
+    (tmp_path / "kvwatch-alerts.yaml").write_text(stray)
+    monkeypatch.setattr(gen, "HERE", tmp_path)
+    assert [p for p in gen.vocabulary_problems() if "runbook" in p] == [
+        f"KvwatchDown: runbook_url 'https://example.com/alerts/runbooks.md#kvwatchdown' is not {gen.RUNBOOK_URL}#kvwatchdown"
+    ]
+    assert gen.with_runbook_urls(stray) == alerts
+    monkeypatch.setattr(gen, "RUNBOOKS", tmp_path / "alerts.md")
+    (tmp_path / "alerts.md").write_text(RUNBOOKS.read_text().replace("## KvwatchDown\n", "## Kvwatch down\n"))
+    (tmp_path / "kvwatch-alerts.yaml").write_text(alerts)
+    assert gen.runbook_problems(gen.RUNBOOKS.read_text()) == ["docs/alerts.md has no section '## KvwatchDown'"]
 
 
 def test_check_refuses_a_page_on_the_diagnosis_without_the_confidence_gate(tmp_path, monkeypatch):
@@ -350,7 +373,7 @@ def test_check_refuses_a_page_on_the_diagnosis_without_the_confidence_gate(tmp_p
         'kvwatch_bottleneck{bottleneck="stalled"} == 1',
     )
     assert ungated != alerts
-    for f in gen.SOURCES + ("runbooks.md",):
+    for f in gen.SOURCES:
         (tmp_path / f).write_text((ALERTS / f).read_text())
     (tmp_path / "kvwatch-alerts.yaml").write_text(ungated)
     monkeypatch.setattr(gen, "HERE", tmp_path)

@@ -165,7 +165,7 @@ def test_kv_bound_target_pages_with_diagnosis_inhibits_warnings_and_resolves(tmp
             assert details["bottleneck"] == "kv_cache"
             assert details["recommendations"].split(", ")[0] == "fp8_kv_cache"
             assert "preemptions/s" in details["evidence"] and "KV cache" in details["evidence"]
-            assert "runbooks.md#kvwatch" in details["runbook"]
+            assert "docs/alerts.md#kvwatch" in details["runbook"]
             assert ev["links"][0]["text"] == "Runbook"
             assert pagerduty.snapshot()[0].path == "/v2/enqueue"
 
@@ -178,7 +178,7 @@ def test_kv_bound_target_pages_with_diagnosis_inhibits_warnings_and_resolves(tmp
             assert "*Bottleneck:* `kv_cache`" in text
             assert "*Recommended fixes (cheapest first):* fp8_kv_cache" in text
             assert "Top recommendation: fp8_kv_cache" in text
-            assert "preemptions/s" in text and "runbooks.md#kvwatchkvcachepreempting" in text
+            assert "preemptions/s" in text and "docs/alerts.md#kvwatchkvcachepreempting" in text
             assert slack.snapshot()[0].path == f"/services/{SLACK_KEY}"
 
             # 2. Inhibition: the 2m stall warning fires in Prometheus but Alertmanager holds it back.

@@ -1,5 +1,5 @@
 """The catalogue is the one vocabulary: nothing in kvwatch/ spells a bottleneck or an action by hand, the
-collector builds exactly its families, and the README's tables are generated from it."""
+collector builds exactly its families, and the docs' tables are generated from it."""
 
 from __future__ import annotations
 
@@ -142,11 +142,12 @@ def test_every_bottleneck_is_reachable_by_a_rule_and_sentences_are_used():
     assert diagnose_engine(Signals("m", "0", 0.0, 1, 0.0), Hints(), Thresholds()).bottleneck is Bottleneck.IDLE
 
 
-def test_readme_tables_are_generated_from_the_catalogue():
+def test_docs_tables_are_generated_from_the_catalogue():
     r = subprocess.run([sys.executable, str(REPO / "docs" / "generate.py"), "--check"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    readme = (REPO / "README.md").read_text()
+    metrics = (REPO / "docs" / "metrics.md").read_text()
     for f in FAMILIES:
-        assert f"`{f.sample_name}" in readme
+        assert f"`{f.sample_name}" in metrics
+    diagnosis = (REPO / "docs" / "diagnosis.md").read_text()
     for a in Action:
-        assert f"| `{a}` | `{VLLM.flag(a)}` |" in readme
+        assert f"| `{a}` | `{VLLM.flag(a)}` |" in diagnosis

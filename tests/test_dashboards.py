@@ -4,7 +4,7 @@
 - grafana/kustomization.yaml renders one ConfigMap per dashboard from that JSON;
 - the conventions (datasource variable, scope variables, uids, panel types, units, descriptions, rate interval);
 - every query parses as PromQL once the Grafana variables are substituted;
-- every metric a query names is exported by kvwatch (README contract, and kvwatch/catalog.py's FAMILIES),
+- every metric a query names is exported by kvwatch (docs/metrics.md's table, and kvwatch/catalog.py's FAMILIES),
   by vLLM 0.32 (real captures in tests/fixtures/vllm-0.32.0-cpu) or recorded by a rule in alerts/.
 
 The real-Prometheus proof that every query returns data is tests/test_dashboards_prometheus.py.
@@ -286,9 +286,10 @@ def test_promtool_accepts_every_query_as_a_rule(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def readme_kvwatch_metrics() -> set[str]:
+def documented_kvwatch_metrics() -> set[str]:
+    """The metrics docs/metrics.md's table documents."""
     names = set()
-    for line in (REPO / "README.md").read_text().splitlines():
+    for line in (REPO / "docs" / "metrics.md").read_text().splitlines():
         m = re.match(r"\|\s*`(kvwatch_\w+)", line)
         if m:
             names.add(m.group(1))
@@ -326,13 +327,13 @@ def recorded_metrics() -> dict[str, str]:
 
 
 def test_metric_catalogues_are_not_empty():
-    assert len(readme_kvwatch_metrics()) >= 25
+    assert len(documented_kvwatch_metrics()) >= 25
     assert "vllm:kv_cache_usage_perc" in vllm_metrics()
-    assert "kvwatch_target_bottleneck" in readme_kvwatch_metrics()
+    assert "kvwatch_target_bottleneck" in documented_kvwatch_metrics()
 
 
 def test_every_queried_metric_is_defined():
-    readme = readme_kvwatch_metrics()
+    readme = documented_kvwatch_metrics()
     exported = export_module_metrics()
     vllm = vllm_metrics()
     recorded = recorded_metrics()
@@ -343,7 +344,7 @@ def test_every_queried_metric_is_defined():
             where = f"{name}: {panel['title']}: {metric}"
             if metric.startswith("kvwatch_"):
                 if metric not in readme:
-                    problems.append(f"{where} is not in README's metric table")
+                    problems.append(f"{where} is not in docs/metrics.md's metric table")
                 if metric not in exported:
                     problems.append(f"{where} is not exported by kvwatch (kvwatch/catalog.py FAMILIES)")
             elif metric.startswith("vllm:"):
@@ -376,8 +377,8 @@ def test_state_codes_follow_kvwatch_vocabulary_and_severity():
     assert states == sorted(Bottleneck, key=lambda b: b.severity)
     pressure = state_codes("state")
     assert sorted(pressure, key=pressure.__getitem__) == list(KvPressure)
-    # the README's vocabulary too
-    readme = (REPO / "README.md").read_text()
+    # the documented vocabulary too
+    readme = (REPO / "docs" / "diagnosis.md").read_text()
     for state in states:
         assert f"| `{state}` |" in readme
 

@@ -537,7 +537,7 @@ def test_kvwatch_and_vllm_read_the_same_configmap_keys():
         assert (vref["name"], vref["key"]) == (ref["name"], ref["key"]), e["name"]
 
 
-# -- attaching to your own Deployment (the README's three steps) -------------------------------------------
+# -- attaching to your own Deployment (the three steps of README.md and deploy/README.md) -----------------
 
 
 def test_component_attaches_to_your_own_deployment_only(tmp_path):
@@ -609,6 +609,88 @@ def test_component_attaches_to_your_own_deployment_only(tmp_path):
     assert "initContainers" not in deployments["router"]["spec"]["template"]["spec"]
     assert LABEL not in deployments["router"]["spec"]["template"]["metadata"]["labels"]
     assert {d["metadata"]["name"] for d in docs if d["kind"] == "PodMonitor"} == {"kvwatch", "vllm"}
+
+
+def kustomization_snippets(page: Path, root: str) -> dict:
+    """The page's kustomization snippets (yaml blocks whose first line is ``# kustomization.yaml...``), with
+    ``<kvwatch>`` pointing at ``root``, merged into one kustomization as a reader adds them to theirs."""
+    fenced = re.findall(r"^( *)```yaml\n(.*?)^\1```", page.read_text(), re.M | re.S)  # in a list item: indented
+    blocks = [b for b in (textwrap.dedent(text) for _, text in fenced) if b.startswith("# kustomization.yaml")]
+    merged: dict = {}
+    for block in blocks:
+        for key, value in yaml.safe_load(block.replace("<kvwatch>", root)).items():
+            if isinstance(value, list):
+                merged.setdefault(key, []).extend(value)
+            else:
+                assert merged.setdefault(key, value) == value, key
+    return merged | {"_blocks": len(blocks)}
+
+
+def _write_user_kustomization(tmp_path: Path, page: Path) -> tuple[Path, dict]:
+    user = tmp_path / "my-vllm"
+    user.mkdir()
+    (user / "vllm-deployment.yaml").write_text(textwrap.dedent("""\
+        apiVersion: apps/v1
+        kind: Deployment
+        metadata:
+          name: my-vllm
+          labels:
+            kvwatch/sidecar: "true"
+        spec:
+          selector:
+            matchLabels: {app: my-vllm}
+          template:
+            metadata:
+              labels: {app: my-vllm}
+            spec:
+              containers:
+                - name: vllm
+                  image: vllm/vllm-openai:v0.32.0
+                  ports: [{containerPort: 8000}]
+        """))
+    snippets = kustomization_snippets(page, os.path.relpath(REPO, user))
+    (user / "kustomization.yaml").write_text(yaml.safe_dump({k: v for k, v in snippets.items() if k != "_blocks"}))
+    return user, snippets
+
+
+def test_the_readmes_three_steps_render_as_written(tmp_path):
+    """README.md's kustomization, copied as it stands next to a Deployment of one's own, attaches kvwatch."""
+    user, snippets = _write_user_kustomization(tmp_path, REPO / "README.md")
+    assert snippets["_blocks"] == 1
+    docs = kustomize(user)
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    image = kvwatch_container(deployment["spec"]["template"])["image"]
+    assert image == "registry.example.com/kvwatch:" + PYPROJECT["project"]["version"]
+    assert {d["kind"] for d in docs} >= {"PodMonitor", "PrometheusRule", "NetworkPolicy", "ConfigMap"}
+
+
+def test_deploy_readmes_snippets_work_as_written(tmp_path):
+    """deploy/README.md's snippets (the three steps, kube-prometheus-stack's release label, the NetworkPolicy's
+    selectors, another vLLM port), all added to one kustomization, do what the page says and nothing more."""
+    user, snippets = _write_user_kustomization(tmp_path, DEPLOY / "README.md")
+    assert snippets["_blocks"] == 4
+    docs = kustomize(user)
+    by_kind: dict[str, list[dict]] = {}
+    for d in docs:
+        by_kind.setdefault(d["kind"], []).append(d)
+    release = [d["metadata"]["name"] for d in docs if "release" in d["metadata"].get("labels", {})]
+    assert sorted(release) == sorted(d["metadata"]["name"] for d in by_kind["PodMonitor"] + by_kind["PrometheusRule"])
+    assert len(by_kind["PodMonitor"]) == 2 and len(by_kind["PrometheusRule"]) == 1
+    (policy,) = [d for d in by_kind["NetworkPolicy"] if d["metadata"]["name"] == "kvwatch-allow-prometheus"]
+    (peer,) = policy["spec"]["ingress"][0]["from"]
+    wanted = {op["path"]: op["value"] for p in snippets["patches"] if p["target"]["kind"] == "NetworkPolicy"
+              for op in yaml.safe_load(p["patch"])}
+    assert peer["namespaceSelector"]["matchLabels"] == wanted["/spec/ingress/0/from/0/namespaceSelector/matchLabels"]
+    assert peer["podSelector"]["matchLabels"] == wanted["/spec/ingress/0/from/0/podSelector/matchLabels"]
+    assert peer["namespaceSelector"]["matchLabels"] != {"kubernetes.io/metadata.name": "monitoring"}
+    (deployment,) = by_kind["Deployment"]
+    kvwatch = kvwatch_container(deployment["spec"]["template"])
+    target = [e for e in kvwatch["env"] if e["name"] == "KVWATCH_TARGET"]
+    assert target == [{"name": "KVWATCH_TARGET", "value": "http://127.0.0.1:8080/metrics"}], "the patch replaced it"
+    assert kvwatch["image"] == "registry.example.com/kvwatch:" + PYPROJECT["project"]["version"]
+    dashboards = [d for d in by_kind["ConfigMap"] if d["metadata"]["labels"].get("grafana_dashboard") == "1"]
+    assert len(dashboards) == len(list((REPO / "grafana" / "dashboards").glob("*.json")))
+    assert all(d["metadata"]["annotations"]["grafana_folder"] == "kvwatch" for d in dashboards)
 
 
 # -- scraping and network policy ---------------------------------------------------------------------------

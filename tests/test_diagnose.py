@@ -197,7 +197,7 @@ def test_deferred_waiting_is_not_a_capacity_bottleneck():
 
 
 def test_vocabulary_is_the_documented_one():
-    readme = (FIXTURES.parents[2] / "README.md").read_text()
+    readme = (FIXTURES.parents[2] / "docs" / "diagnosis.md").read_text()
     for b in BOTTLENECKS:
         assert f"`{b}`" in readme
     for a in ACTIONS:
@@ -216,7 +216,7 @@ def test_json_document_shape():
     assert "streak" not in e["signals"]  # the queue's samples stay inside kvwatch
     assert all(set(r) == {"action", "flag", "why"} and r["flag"] for r in e["recommendations"])
     assert {"kv_cache_usage_ratio", "requests_running", "requests_waiting"} <= set(e["signals"])
-    assert captures("kv_cache")  # the capture set is what the README says it is
+    assert captures("kv_cache")  # the capture set is what tests/fixtures/README.md says it is
 
 
 def test_stray_arrivals_apart_do_not_name_a_ceiling_by_elimination():

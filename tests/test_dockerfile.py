@@ -2,12 +2,14 @@
 
 Two kinds of proof:
 
-- the Dockerfile's facts: a base image pinned to a patch release (no floating tag, no ``latest``), a numeric
+- the Dockerfile's facts: a base image pinned to a patch release (no floating tag, no ``latest``), every Python
+  dependency installed at the version constraints.txt pins (each of pyproject.toml's, within its range), a numeric
   non-root ``USER``, ``ENTRYPOINT ["kvwatch"]`` naming the console script pyproject.toml declares, kvwatch's
   default port exposed, OCI labels, and a build context (``.dockerignore``) holding exactly what is copied;
 - the build itself: the build stage's ``RUN`` steps, read from the Dockerfile and run verbatim by ``/bin/sh -c``
   (Docker's shell) in a copy of the build context, produce a venv in which ``kvwatch --help`` works, every
-  module is compiled to bytecode that is never rewritten, and no pip is left; then kvwatch is started the way
+  module is compiled to bytecode that is never rewritten, no pip is left and every distribution in it is one
+  constraints.txt pins, at that version; then kvwatch is started the way
   the image runs it: the final stage's ``ENV``, ``WORKDIR``, ``USER`` (65532:65532, no capabilities, no new
   privileges), ``ENTRYPOINT`` + ``CMD``, as PID 1 of its own PID namespace, with every mount of the root
   filesystem read-only and a tmpfs on /tmp (``docker run --read-only --tmpfs /tmp``). It must serve /healthz,
@@ -35,6 +37,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from tests.helpers.ports import free_port
 from tests.helpers.process import Process, ProcessExited
@@ -43,6 +47,7 @@ REPO = Path(__file__).resolve().parents[1]
 DOCKERFILE = REPO / "Dockerfile"
 DOCKERIGNORE = REPO / ".dockerignore"
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
+CONSTRAINTS = REPO / "constraints.txt"
 
 
 # -- a small Dockerfile reader ----------------------------------------------------------------------------
@@ -162,6 +167,39 @@ def test_no_floating_tags_anywhere():
     for s in STAGES:
         image = expand(s.base, GLOBAL_ARGS)
         assert ":" in image or image in {st.name for st in STAGES}, f"untagged base {image!r}"
+
+
+def pins() -> dict[str, str]:
+    """constraints.txt as {canonical name: version}; every line that is not a comment is ``name==version``."""
+    out = {}
+    for line in CONSTRAINTS.read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            m = re.fullmatch(r"([A-Za-z0-9._-]+)==([0-9][0-9A-Za-z.+!-]*)", line.strip())
+            assert m, f"constraints.txt: {line!r} is not name==version"
+            out[canonicalize_name(m[1])] = m[2]
+    return out
+
+
+def test_dependencies_install_at_the_versions_constraints_txt_pins():
+    (install,) = [i for i in BUILD.all("RUN") if " install " in i.args]
+    assert re.search(rf"(?:--constraint|-c)[ =]{CONSTRAINTS.name}(?:\s|$)", install.args), (
+        f"line {install.line}: the pip install does not pass --constraint {CONSTRAINTS.name}")
+    copied = [src for srcs, _ in _copy_sources(BUILD) for src in srcs]
+    assert CONSTRAINTS.name in copied and in_build_context(CONSTRAINTS.name), "COPY constraints.txt into WORKDIR"
+    pinned = pins()
+    for dependency in PYPROJECT["project"]["dependencies"]:
+        req = Requirement(dependency)
+        name = canonicalize_name(req.name)
+        assert name in pinned, f"{req.name} (pyproject.toml) is not pinned in constraints.txt"
+        assert req.specifier.contains(pinned[name]), f"constraints.txt pins {req.name} {pinned[name]}, not {req.specifier}"
+
+
+def test_the_pin_check_refuses_a_loose_line(tmp_path, monkeypatch):
+    loose = tmp_path / "constraints.txt"
+    loose.write_text(CONSTRAINTS.read_text() + "httpx>=0.27\n")
+    monkeypatch.setattr(sys.modules[__name__], "CONSTRAINTS", loose)
+    with pytest.raises(AssertionError, match="not name==version"):
+        pins()
 
 
 def test_runs_as_a_numeric_non_root_user():
@@ -394,6 +432,20 @@ def test_build_steps_produce_a_compiled_venv_without_pip(built):
         (pyc,) = list((py.parent / "__pycache__").glob(f"{py.stem}.*.pyc"))
         flags = int.from_bytes(pyc.read_bytes()[4:8], "little")
         assert flags == 0b01, f"{pyc}: not an unchecked-hash pyc (flags {flags:#b})"
+
+
+@pytest.mark.slow
+def test_the_image_holds_exactly_the_pinned_versions(built):
+    """Nothing unpinned slipped in: every distribution of the venv but kvwatch is in constraints.txt, at its version,
+    and every pin is installed (a stale pin would name a package nothing needs any more)."""
+    _, venv = built
+    listing = subprocess.run(
+        [venv / "bin" / "python", "-c",
+         "import importlib.metadata as m; print(*(f'{d.metadata[\"Name\"]}=={d.version}' for d in m.distributions()))"],
+        capture_output=True, text=True, check=True).stdout.split()
+    installed = {canonicalize_name(n): v for n, _, v in (x.partition("==") for x in listing)}
+    assert installed.pop("kvwatch") == PYPROJECT["project"]["version"]
+    assert installed == pins()
 
 
 def _final_runtime_env(venv: Path) -> dict[str, str]:

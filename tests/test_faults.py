@@ -75,7 +75,7 @@ async def good_scrapes(m, clock, n):
 
 ENGINE = {"engine": "0", "model_name": "tiny-llama-dummy"}
 
-FAULTS = [(f.id, f.reason) for f in UPSTREAM]  # tests/fault_table.py: the README's fault table comes from it
+FAULTS = [(f.id, f.reason) for f in UPSTREAM]  # tests/fault_table.py: docs/faults.md's fault table comes from it
 
 
 @pytest.mark.parametrize("mode, reason", FAULTS, ids=[f[0] for f in FAULTS])

@@ -128,11 +128,11 @@ def test_max_loras_needs_the_adapter_info():
     assert ds[-1].bottleneck is Bottleneck.NONE
 
 
-def test_readme_lists_the_rules_in_their_order():
+def test_the_docs_list_the_rules_in_their_order():
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = readme.split("## How kvwatch decides", 1)[1].split("\n## ", 1)[0]
+    page = (Path(__file__).resolve().parents[1] / "docs" / "diagnosis.md").read_text()
+    section = page.split("## The rules, in order", 1)[1].split("\n## ", 1)[0]
     assert re.findall(r"^\d+\. `(\w+)` →", section, re.M) == NAMES
 
 

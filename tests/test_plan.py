@@ -420,8 +420,8 @@ def test_a_checkpoint_that_quantizes_its_kv_cache_is_pointed_out(tmp_path, capsy
     assert not any("quantization_config" in n for n in plan_json([*flags, "--kv-cache-dtype", "fp8"], capsys)["notes"])
 
 
-def test_the_readme_example_is_what_the_command_prints(capsys):
-    readme = (FIXTURES.parents[2] / "README.md").read_text().splitlines()
+def test_the_docs_example_is_what_the_command_prints(capsys):
+    readme = (FIXTURES.parents[2] / "docs" / "planning.md").read_text().splitlines()
     start = next(i for i, line in enumerate(readme) if line.startswith("    $ kvwatch plan "))
     command, i = readme[start].removeprefix("    $ kvwatch plan "), start
     while command.endswith("\\"):

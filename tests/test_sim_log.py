@@ -27,7 +27,7 @@ SECONDS = {"tour": 240.0}  # two cycles of 107 s; the others two minutes (12 rec
 SETTLE = 2 * INTERVAL  # a record is judged once its window (two records) lies inside its phase
 SHARE = 0.7
 # The log has no LoRA adapter field: a queue deferred for LoRA slots reads as vLLM's own "deferred" (none, every
-# waiting request deferred), the honest answer without lora_requests_info. Not judged here; said in the README.
+# waiting request deferred), the honest answer without lora_requests_info. Not judged here; said in docs/simulator.md.
 LOG_BLIND = {"max_loras", "gpu_max_loras"}
 
 

@@ -418,9 +418,9 @@ async def test_the_poll_reloads_a_changed_file(pki, tmp_path):
         assert await asyncio.to_thread(peer_serial, port, client_context(pki)) == 2
 
 
-def test_the_readmes_example_file_loads_as_documented(pki, tmp_path):
-    """The README's web-config.yml, with certificates where it names them, is what it says it is."""
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+def test_the_docs_example_file_loads_as_documented(pki, tmp_path):
+    """docs/configuration.md's web-config.yml, with certificates where it names them, is what it says it is."""
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "configuration.md").read_text()
     start = readme.index("```yaml\n# web-config.yml\n") + len("```yaml\n")
     text = readme[start:readme.index("```", start)]
     (tmp_path / "server.crt").write_bytes(pki["server"].cert.read_bytes())

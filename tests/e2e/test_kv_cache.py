@@ -216,7 +216,7 @@ async def test_restart(server, scenario_dir, vocab_size):
     # mark (the harness's /health poll), so a time bound alone would catch kvwatch's first good
     # scrape. kvwatch scrapes before the test reads vLLM in each sample, so it can only be down too.
     down = [r for r in rows if 3.0 <= r.t <= rel["healthy"] and r.running is None]
-    # README: unreachable = no successful scrape in the (10 s) window; series withdrawn after stale-after (5 s).
+    # docs/diagnosis.md: unreachable = no successful scrape in the (10 s) window; series withdrawn after stale-after (5 s).
     # Zones by kvwatch's own clock (its last success came before the kill mark; 1 s of slack for the kill
     # itself), not the reads': under load its evaluations came up to 2 s apart, and the old 3 s margin on
     # the reads' clock was all that separated a correct kvwatch from a failure.

@@ -145,7 +145,7 @@ class FakeVllm:
         if mode == "redirect":
             return web.Response(status=302, headers={"Location": self.redirect_to})
         if mode == "login":
-            # Not starting with a tag: the Content-Type is what names it (README "Faults").
+            # Not starting with a tag: the Content-Type is what names it (docs/faults.md).
             page = "Sign in to continue\n<form action=/login><input name=password></form>\n"
             return web.Response(text=page, content_type="text/html")
         if mode == "truncate":
