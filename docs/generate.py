@@ -62,6 +62,19 @@ def actions_table() -> str:
     return "\n".join(rows)
 
 
+def engines_table() -> str:
+    """What each engine's metrics can show: the limits kvwatch may name for it, and what it cannot tell."""
+    rows = [
+        "| engine | `--engine` | metrics path | limits kvwatch can name | cannot tell |",
+        "|---|---|---|---|---|",
+    ]
+    named = [b for b in Bottleneck if b not in (Bottleneck.IDLE, Bottleneck.NONE, Bottleneck.UNREACHABLE)]
+    for e in ENGINES:
+        shows = ", ".join(f"`{b}`" for b in named if b in e.shows)
+        rows.append(f"| {e.title} | `{e.name}` | `{e.metrics_path}` | {shows} | {e.cannot_tell or '-'} |")
+    return "\n".join(rows)
+
+
 def confidence_table() -> str:
     rows = ["| confidence | pages | meaning |", "|---|---|---|"]
     rows += [f"| `{c}` | {'yes' if c.pages else 'no'} | {c.meaning} |" for c in Confidence]
@@ -121,6 +134,7 @@ TABLES = {
     "metrics": metrics_table,
     "bottlenecks": bottlenecks_table,
     "actions": actions_table,
+    "engines": engines_table,
     "confidence": confidence_table,
     "faults": faults_table,
     "reasons": reasons_table,

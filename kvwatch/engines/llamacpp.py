@@ -108,6 +108,6 @@ ENGINE = Engine(
     # No step histogram (the token budget), no LoRA queue, no P/D, no sleep state in its metrics.
     shows=frozenset(Bottleneck)
     - {Bottleneck.ASLEEP, Bottleneck.MAX_LORAS, Bottleneck.KV_TRANSFER, Bottleneck.TOKEN_BUDGET},
-    cannot_tell="the KV cache in current builds (no KV gauge; a full context fails requests with HTTP 500), and the "
+    cannot_tell="the KV cache in current builds (no KV gauge; a full context fails requests: HTTP 400, older builds 500), and the "
     "slot count while no request is deferred",
 )
