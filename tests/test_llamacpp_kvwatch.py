@@ -25,8 +25,15 @@ pytestmark = pytest.mark.slow
 
 PARALLEL = 2
 # Not a limit: what a correct kvwatch may say of a llama.cpp server in any scrape of these runs.
-NEVER = {Bottleneck.KV_CACHE, Bottleneck.TOKEN_BUDGET, Bottleneck.MAX_LORAS, Bottleneck.KV_TRANSFER, Bottleneck.ASLEEP,
-         Bottleneck.STALLED, Bottleneck.UNREACHABLE}
+NEVER = {
+    Bottleneck.KV_CACHE,
+    Bottleneck.TOKEN_BUDGET,
+    Bottleneck.MAX_LORAS,
+    Bottleneck.KV_TRANSFER,
+    Bottleneck.ASLEEP,
+    Bottleneck.STALLED,
+    Bottleneck.UNREACHABLE,
+}
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +44,16 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 class Kvwatch:
     def __init__(self, target: str, log: Path):
         self.url = f"http://{HOST}:{free_port()}"
-        argv = [sys.executable, "-m", "kvwatch", "run", "--target", target, "--listen", self.url.removeprefix("http://")]
+        argv = [
+            sys.executable,
+            "-m",
+            "kvwatch",
+            "run",
+            "--target",
+            target,
+            "--listen",
+            self.url.removeprefix("http://"),
+        ]
         self.proc = Process(argv, log, name="kvwatch")
 
     def __enter__(self) -> Kvwatch:
@@ -66,13 +82,16 @@ class Kvwatch:
 
 def run_load(server, n_requests: int, concurrency: int, prompt: int, n_predict: int) -> list[int]:
     with ThreadPoolExecutor(concurrency) as pool:
-        return list(pool.map(lambda i: server.complete(prompt_of_tokens(prompt, i), n_predict).status_code,
-                             range(n_requests)))
+        return list(
+            pool.map(lambda i: server.complete(prompt_of_tokens(prompt, i), n_predict).status_code, range(n_requests))
+        )
 
 
 def test_more_requests_than_slots_name_the_slot_ceiling(model: Path, tmp_path: Path) -> None:
-    with llamacpp_server(model, tmp_path / "llama.log", parallel=PARALLEL, ctx_size=1024) as server, \
-            Kvwatch(server.url + "/metrics", tmp_path / "kvwatch.log") as kv:
+    with (
+        llamacpp_server(model, tmp_path / "llama.log", parallel=PARALLEL, ctx_size=1024) as server,
+        Kvwatch(server.url + "/metrics", tmp_path / "kvwatch.log") as kv,
+    ):
         kv.proc.wait_until(lambda: kv.scrapes(), timeout=30, what="a first successful scrape")
         # 32 requests of 384 tokens through 2 slots, 16 at a time: ~14 s of deferral at ~900 tokens/s (longer on a
         # busy machine), so a dozen 1-s scrapes or more see requests deferred.
@@ -90,8 +109,10 @@ def test_more_requests_than_slots_name_the_slot_ceiling(model: Path, tmp_path: P
 
 
 def test_one_request_at_a_time_names_no_limit(model: Path, tmp_path: Path) -> None:
-    with llamacpp_server(model, tmp_path / "llama.log", parallel=PARALLEL, ctx_size=1024) as server, \
-            Kvwatch(server.url + "/metrics", tmp_path / "kvwatch.log") as kv:
+    with (
+        llamacpp_server(model, tmp_path / "llama.log", parallel=PARALLEL, ctx_size=1024) as server,
+        Kvwatch(server.url + "/metrics", tmp_path / "kvwatch.log") as kv,
+    ):
         kv.proc.wait_until(lambda: kv.scrapes(), timeout=30, what="a first successful scrape")
         assert run_load(server, 6, 1, 64, 384) == [200] * 6
         scrapes = kv.scrapes()
@@ -102,8 +123,10 @@ def test_one_request_at_a_time_names_no_limit(model: Path, tmp_path: Path) -> No
 def test_a_context_too_small_is_never_called_a_healthy_kv_cache(model: Path, tmp_path: Path) -> None:
     """The server refuses a prompt longer than a slot's context and cuts generations short, and its /metrics shows
     neither: kvwatch must say it did not judge the KV cache, never imply it is fine."""
-    with llamacpp_server(model, tmp_path / "llama.log", parallel=PARALLEL, ctx_size=512) as server, \
-            Kvwatch(server.url + "/metrics", tmp_path / "kvwatch.log") as kv:
+    with (
+        llamacpp_server(model, tmp_path / "llama.log", parallel=PARALLEL, ctx_size=512) as server,
+        Kvwatch(server.url + "/metrics", tmp_path / "kvwatch.log") as kv,
+    ):
         kv.proc.wait_until(lambda: kv.scrapes(), timeout=30, what="a first successful scrape")
         done = threading.Event()
         seen: list[dict] = []
