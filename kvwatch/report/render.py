@@ -212,7 +212,7 @@ def _stages_html(model: dict) -> str:
     rows = []
     for r in model["stages"]:
         lat = r["latency_ms"]
-        share = f" {r['binding_share']:.0%}" if r["binding_share"] is not None else ""
+        share = f" {r['binding_share']:.0%} of the stage" if r["binding_share"] is not None else ""
         recs = "".join(
             f'<li data-action="{_e(x["action"])}"><code>{_e(x["flag"])}</code>: {_e(x["why"])}</li>'
             for x in r["recommendations"]

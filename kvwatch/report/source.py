@@ -133,7 +133,7 @@ def from_recording(directory: Path, target: Target) -> Timeline:
         resets = now
         tl.target["t"].append(t)
         tl.target["up"].append(1.0)
-        tl.target["bottleneck"].append(d.bottleneck)
+        tl.target["bottleneck"].append(str(d.bottleneck))
         for e in d.engines:
             cols = engines.setdefault((e.model_name, e.engine), {f: [] for f in REPORT_FIELDS})
             for name, v in zip(REPORT_FIELDS, report_row(t, e), strict=True):

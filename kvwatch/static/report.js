@@ -20,7 +20,7 @@
 
   function render() {
     const draws = [];
-    const view = { now: R.end, span: Math.max(R.end - R.start, 60), clock: true, segments: R.segments,
+    const view = { now: R.end, span: Math.max(R.end - R.start, 1), clock: true, segments: R.segments,
       bands: R.stages.map((st) => ({ start: st.start, end: st.end, label: st.name })),
       title: "The whole recording, " + C.clock(R.start) + " to " + C.clock(R.end) + " (" + C.span(R.end - R.start) + ")" };
     const cards = R.engines.map((e) => C.h("article", { className: "engine", "data-model": e.model_name, "data-engine": e.engine },
