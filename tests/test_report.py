@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -249,3 +250,32 @@ def test_markdown_and_json_carry_the_same_verdicts(tmp_path):
     assert "kv_cache" in model["strip"]["order"] and abs(sum(model["strip"]["shares"].values()) - 1) < 1e-3
     md = _run(folder, "--format", "md").stdout
     assert md.startswith("# kvwatch report") and Bottleneck.KV_CACHE.label in md and "KV capacity: 2,048 tokens" in md
+
+
+# ------------------------------------------------------------------------------------------ a real sweep
+
+
+def test_a_real_vllm_bench_serve_sweep(monkeypatch):
+    """The e2e lane's ``vllm bench serve`` results (tests/e2e/test_report.py, vLLM 0.32 CPU, --max-num-seqs 4) and
+    its recording around the heaviest stage: 16 clients bound by max_num_seqs, the two lighter stages said to lie
+    outside this cut of the recording. vLLM wrote ``date`` in the lane's local time, UTC."""
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    try:
+        folder = FIXTURES / "bench_sweep"
+        results = sorted((folder / "results").glob("*.json"))
+        stages = [read_stage(f) for f in results]
+        assert {s.concurrency: s.seed for s in stages} == {1: "1", 2: "2", 16: "3"}  # --metadata seed=N
+        model = build_report(_timeline(folder), stages, Slo(ttft_p99=1.0))
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    by = {r["concurrency"]: r for r in model["stages"]}
+    assert by[16]["binding"] == "max_num_seqs" and by[16]["coverage"] == 1.0
+    assert by[16]["latency_ms"]["ttft"]["p99"] > 1000 and by[16]["completed"] == 160
+    assert by[1]["binding"] is None and by[2]["binding"] is None
+    assert sorted(c["stage"] for c in model["cautions"] if c["kind"] == "outside") == [
+        "vllm-bench-c1.json", "vllm-bench-c2.json"]
+    k = model["knee"]
+    assert (k["highest_met"], k["binding_there"], k["first_broken"]) == ("vllm-bench-c2.json", None, "vllm-bench-c16.json")
+    assert model["limits"]["max_num_seqs"] == {"value": 4, "source": "inferred"}

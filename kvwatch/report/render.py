@@ -87,10 +87,10 @@ def knee_sentence(k: dict | None) -> str:
     if k["highest_met"] is None:
         head = f"No stage met {slo}."
     else:
-        head = (
-            f"The highest load within {slo}: {k['highest_met_load']} ({k['highest_met']}), where "
-            f"{_label(k['binding_there'])} bound."
+        there = (
+            "no verdict: outside the recording" if k["binding_there"] is None else f"{_label(k['binding_there'])} bound"
         )
+        head = f"The highest load within {slo}: {k['highest_met_load']} ({k['highest_met']}), where {there}."
     tail = (
         f" First broken at {k['first_broken_load']} ({k['first_broken']}): {k['broken_by']}."
         if k["first_broken"]
