@@ -174,7 +174,8 @@ def test_corrupt_snapshots_are_skipped_and_counted(tmp_path):
     assert r.returncode == 0 and json.loads(r.stdout)["source"]["skipped"] == 2
 
 
-@pytest.mark.parametrize("case", ["missing", "empty", "all_corrupt", "both_sources", "no_source", "stage_start"])
+@pytest.mark.parametrize("case", ["missing", "empty", "all_corrupt", "both_sources", "no_source", "stage_start",
+                                  "from_unreachable"])
 def test_bad_input_exits_2_in_one_line(tmp_path, case):
     rec = tmp_path / "rec"
     rec.mkdir()
@@ -182,9 +183,11 @@ def test_bad_input_exits_2_in_one_line(tmp_path, case):
         (rec / "1796120649.163.prom").write_text("not metrics\n")
     args = {"missing": [tmp_path / "nope"], "empty": [rec], "all_corrupt": [rec], "no_source": [],
             "both_sources": [rec, "--from", "http://127.0.0.1:1"],
-            "stage_start": [FIXTURES / "max_num_seqs", "--stage-start", "1796120649"]}[case]
+            "stage_start": [FIXTURES / "max_num_seqs", "--stage-start", "1796120649"],
+            "from_unreachable": ["--from", "http://admin:hunter2@127.0.0.1:1/"]}[case]
     r = _run(*args)
     assert r.returncode == 2 and "Traceback" not in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    assert "hunter2" not in r.stderr
     assert r.stderr.startswith("kvwatch: error: ") and r.stdout == ""
 
 

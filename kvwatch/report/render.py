@@ -17,7 +17,7 @@ import json
 from importlib import resources
 
 from kvwatch.catalog import Bottleneck, ReportThresholds
-from kvwatch.page import GRAFANA_HEX, page_config
+from kvwatch.page import page_config
 from kvwatch.report.model import iso, strip_segments
 from kvwatch.report.source import Timeline
 
@@ -199,11 +199,9 @@ def _table(head: list[str], rows: list[list[str]], cls: str, caption: str) -> st
 
 def _badge(name: str | None) -> str:
     if name is None:
-        return '<span class="muted">unknown</span>'
+        return '<span class="muted">no verdict: outside the recording</span>'
     b = Bottleneck(name)
-    return (
-        f'<span class="rbadge" data-bottleneck="{_e(b)}" data-colour="{_e(GRAFANA_HEX[b.colour])}">{_e(b.label)}</span>'
-    )
+    return f'<span class="rbadge" data-bottleneck="{_e(b)}">{_e(b.label)}</span>'
 
 
 def _stages_html(model: dict) -> str:
