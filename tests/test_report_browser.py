@@ -31,6 +31,8 @@ READ = """(() => ({
     label: svg.getAttribute('aria-label') || '',
     paths: [...svg.querySelectorAll('path.series')].map(p => ({series: p.dataset.series, points: +p.dataset.points})),
     segments: [...svg.querySelectorAll('rect[data-bottleneck]')].map(r => r.dataset.bottleneck),
+    past_edge: [...svg.querySelectorAll('rect[data-bottleneck]')].filter(r =>
+      +r.getAttribute('x') + +r.getAttribute('width') > svg.viewBox.baseVal.width - 4 + 0.5).length,
     bands: svg.querySelectorAll('rect[data-band]').length})),
   knee: (document.querySelector('[data-role=knee]') || {}).textContent || '',
   kneeShown: !!document.querySelector('[data-role=knee]') && document.querySelector('[data-role=knee]').getBoundingClientRect().height > 0,
@@ -77,6 +79,7 @@ def test_every_chart_has_points_and_the_knee_and_stages_are_shown(page):
     for name, c in charts.items():
         if name == "bottleneck":
             assert c["segments"] and set(c["segments"]) <= {str(b) for b in Bottleneck}, c
+            assert c["past_edge"] == 0, c  # the last scrape's segment ends at the recording's end
             continue
         assert c["paths"] and all(p["points"] > 0 for p in c["paths"]), c
         assert c["bands"] == 2, c  # the two stages, shaded behind every chart

@@ -248,9 +248,10 @@ window.kvwatchCharts = function (CFG) {
     const segs = (spec.segments ? spec.segments.map(([a, b, name]) => ({ start: a, end: b, name: name })) : stripSegments(spec.cols)).filter((g) => g.end > f.from);
     const share = new Map();
     for (const g of segs) {
-      const a = X(Math.max(g.start, f.from)), b = X(g.end);
+      const end = Math.min(g.end, view.now); // the last scrape's interval ends at the view's edge, not past it
+      const a = X(Math.max(g.start, f.from)), b = X(end);
       const info = bottleneckInfo(g.name);
-      share.set(g.name, (share.get(g.name) || 0) + (g.end - Math.max(g.start, f.from)));
+      share.set(g.name, (share.get(g.name) || 0) + (end - Math.max(g.start, f.from)));
       const rect = s("rect", { x: a.toFixed(1), y: top, width: Math.max(1, b - a).toFixed(1), height: bottom - top, fill: info.colour, "data-bottleneck": g.name },
         s("title", {}, info.label + ", " + clock(g.start) + "–" + clock(g.end)));
       svg.append(rect);
