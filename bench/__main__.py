@@ -9,7 +9,8 @@
 Sections (bench/README.md explains each method): cycle (cycle / parse-baseline on three payloads),
 scaling (1x / 4x / 16x), memory (RSS of a real ``kvwatch run``), fanin (targets polled on schedule at
 1 Hz on one core), detect (KV-bound onset to kvwatch_bottleneck{bottleneck="kv_cache"} == 1), logs (peak RSS of
-``kvwatch logs -`` on a 1 GiB log through a pipe vs a tenth of it).
+``kvwatch logs -`` on a 1 GiB log through a pipe vs a tenth of it), report (``kvwatch report`` of a 1-hour recording
+at 1 Hz vs a plain ``diagnose --replay`` of it, and its HTML's size).
 
     python -m bench fuzz --cases N [--seed S]   # the parser under fuzzing (bench/fuzz.py), not a timed section
     python -m bench soak --minutes M --hz H     # RSS slope, fds, tasks and lateness over a long run (bench/soak.py)
@@ -25,8 +26,8 @@ import platform
 import sys
 import time
 
-SECTIONS = ("cycle", "scaling", "memory", "fanin", "detect", "logs")
-GOALS = {"ratio": 0.2, "peak_rss_mib": 64.0, "fanin": 200, "detect_intervals": 2.0}
+SECTIONS = ("cycle", "scaling", "memory", "fanin", "detect", "logs", "report")
+GOALS = {"ratio": 0.2, "peak_rss_mib": 64.0, "fanin": 200, "detect_intervals": 2.0, "report_ratio": 1.5}
 
 
 def _machine() -> dict:
@@ -150,6 +151,14 @@ def run_logs(quick: bool) -> dict:
     return measure(big, json_big)
 
 
+def run_report(quick: bool) -> dict:
+    from bench.report import measure
+
+    snapshots, rounds = (300, 1) if quick else (3600, 3)
+    _log(f"report: kvwatch report vs diagnose --replay of {snapshots} snapshots, {rounds} rounds")
+    return measure(snapshots, rounds)
+
+
 def _fmt(x, nd=3) -> str:
     if x is None:
         return "-"
@@ -241,6 +250,14 @@ def table(res: dict) -> str:
             f"{j['small_peak_rss_mib']:.1f} MiB at {j['small_bytes'] / 2**20:.1f} MiB, ratio **{j['ratio']:.3f}**",
             "",
         ]
+    if "report" in res:
+        r = res["report"]
+        lines += [
+            f"report: kvwatch report of {r['snapshots']} snapshots (3 stages) vs diagnose --replay of the same directory: "
+            f"{r['report_s']:.2f} s vs {r['replay_s']:.2f} s, ratio **{r['ratio']:.3f}** (max {r['ratio_max']:.3f} over "
+            f"{r['rounds']} rounds; goal <= 1.5), HTML **{r['html_bytes'] / 2**20:.2f} MiB** (goal < 2)",
+            "",
+        ]
     for section, err in res.get("errors", {}).items():
         lines += [f"{section}: not measured ({err})", ""]
     return "\n".join(lines)
@@ -296,6 +313,7 @@ def main(argv=None) -> int:
         "fanin": run_fanin,
         "detect": run_detect,
         "logs": run_logs,
+        "report": run_report,
     }
     for section in SECTIONS:
         if section in only:
@@ -321,6 +339,11 @@ def main(argv=None) -> int:
             print(f"bench: cycle/parse-baseline above {args.check}: {over}", file=sys.stderr)
             return 1
         print(f"bench: every cycle/parse-baseline ratio is within {args.check}", file=sys.stderr)
+        if "report" in res and not res["report"]["ok"]:  # the report's own goals (bench/report.py)
+            r = res["report"]
+            print(f"bench: report/replay {r['ratio']:.3f} (goal <= 1.5) or HTML {r['html_bytes']} bytes (< 2 MiB)",
+                  file=sys.stderr)
+            return 1
     return 1 if failed else 0
 
 

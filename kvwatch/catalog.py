@@ -21,6 +21,7 @@ __all__ = [
     "FAMILIES",
     "FLAG_LIMITS",
     "KvPressure",
+    "ReportThresholds",
     "ScrapeReason",
     "Source",
     "Thresholds",
@@ -687,3 +688,19 @@ _BY_NAME = {f.name: f for f in FAMILIES}
 
 def family(name: str) -> Family:
     return _BY_NAME[name]
+
+
+@dataclass(frozen=True, slots=True)
+class ReportThresholds:
+    """The cut-offs ``kvwatch report`` judges a benchmark stage by."""
+
+    # A limit binds a stage when it is the verdict for at least this share of the stage's snapshots: a
+    # stage's ramp-up and drain read "serving, no queue" for a few seconds at any load.
+    binding_share: float = 0.25
+    # Mean prefix-cache hit ratio over a stage from which reused prompts inflate its throughput (vLLM's
+    # benchmark guide: a repeated run against one server reuses cached prompts; vary --seed or restart).
+    prefix_cache_caution: float = 0.5
+    # Scrapes further apart than this many intervals are a gap in the recording (failed or missed scrapes).
+    gap_intervals: float = 2.5
+    # A stage less covered than this by the recording is said to lie (partly) outside it.
+    min_coverage: float = 0.8

@@ -1,4 +1,4 @@
-"""Command line: ``kvwatch [run|diagnose|record|sim|demo|logs|plan] ...``.
+"""Command line: ``kvwatch [run|diagnose|record|report|sim|demo|logs|plan] ...``.
 
 Flags are parsed as strings and validated by ``kvwatch.config.Settings`` together with the
 ``KVWATCH_*`` environment, so a bad flag and a bad env var fail the same way: exit 2, one line.
@@ -34,7 +34,7 @@ from kvwatch.redact import SecretFilter, redact_url
 from kvwatch.scrape import ScrapeError
 from kvwatch.state import NoEngineMetrics, Target, TargetDiagnosis
 
-SUBCOMMANDS = ("run", "diagnose", "record", "sim", "demo", "logs", "plan")
+SUBCOMMANDS = ("run", "diagnose", "record", "report", "sim", "demo", "logs", "plan")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -169,6 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     for p in (run, diag, rec):
         _env_and_default(p)
+    sub.add_parser("report", help="an HTML/Markdown report of a recording and benchmark runs", add_help=False)
     sub.add_parser("sim", help="the built-in vLLM simulator (kvwatch sim --help)", add_help=False)
     sub.add_parser("demo", help="simulator + sidecar + live view (kvwatch demo --help)", add_help=False)
     sub.add_parser("logs", help="diagnose from vLLM's own log (kvwatch logs --help)", add_help=False)
@@ -425,6 +426,10 @@ def main(argv: list[str] | None = None) -> int:
         from kvwatch.demo import main as demo_main
 
         return demo_main(argv[1:])
+    if argv and argv[0] == "report":
+        from kvwatch.report import main as report_main
+
+        return report_main(argv[1:])
     if argv and argv[0] == "logs":
         from kvwatch.logs import main as logs_main
 

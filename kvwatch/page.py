@@ -45,7 +45,7 @@ GRAFANA_HEX = {
 }
 _TYPES = {".css": "text/css", ".js": "text/javascript", ".html": "text/html"}
 # The page's own files only; nothing else of the package is served.
-ASSETS = ("page.css", "page.js")
+ASSETS = ("page.css", "charts.js", "page.js")
 # Nothing but kvwatch itself: a page that loaded a script from elsewhere would not work air-gapped.
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "

@@ -38,7 +38,8 @@ def quick():
 def test_prints_the_table_of_ratios(quick):
     _, table = quick
     assert "cycle / parse-baseline" in table
-    for row in ("(a) real vLLM 0.32", "(b) 8 engines x 2 models", "series", "16x", "peak RSS", "fan-in", "detection", "logs:"):
+    for row in ("(a) real vLLM 0.32", "(b) 8 engines x 2 models", "series", "16x", "peak RSS", "fan-in", "detection", "logs:",
+                "report:"):
         assert row in table
 
 
@@ -93,6 +94,14 @@ def test_logs_memory_against_a_tenth_of_the_input(quick):
     runs = res["logs"]["runs"]
     assert "Dominant bottleneck:" in runs[1]["report_tail"]  # the report came out at the end of the stream
     assert runs[3]["output_lines"] > runs[2]["output_lines"] > 0  # --json: one line a record, as read
+
+
+def test_report_against_a_replay_of_the_same_recording(quick):
+    res, _ = quick
+    r = res["report"]
+    assert r["snapshots"] == 300 and r["rounds"] == 1
+    assert _positive(r["replay_s"]) and _positive(r["report_s"]) and _positive(r["ratio"])
+    assert r["html_bytes"] > 10_000 and isinstance(r["ok"], bool)  # a report was written, with its charts' data
 
 
 def test_check_fails_when_a_ratio_is_over_the_limit():
