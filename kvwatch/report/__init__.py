@@ -44,7 +44,7 @@ def _instant(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from kvwatch.cli import _analysis_flags, _Parser
+    from kvwatch.cli import _analysis_flags, _env_and_default, _Parser
 
     p = _Parser(
         prog="kvwatch report",
@@ -52,14 +52,16 @@ def build_parser() -> argparse.ArgumentParser:
         "kvwatch's history) and benchmark runs: the limit that bound at each load level, and what to change.",
     )
     p.add_argument("recording", nargs="?", type=Path, help="a `kvwatch record --out` directory")
-    p.add_argument("--from", dest="from_url", metavar="URL", help="a running kvwatch (its /api/v1/history)")
+    p.add_argument(
+        "--from", dest="from_url", metavar="URL", help="a running kvwatch (its /api/v1/history; default: none)"
+    )
     p.add_argument(
         "--bench",
         action="append",
         type=Path,
         default=[],
         metavar="FILE",
-        help="a `vllm bench serve --save-result` JSON file: one stage (repeatable)",
+        help="a `vllm bench serve --save-result` JSON file: one stage (repeatable; default: none)",
     )
     p.add_argument(
         "--stage-start",
@@ -68,13 +70,18 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="TIME",
         help="start of the matching --bench stage (unix seconds or ISO 8601), instead of its file's "
-        "`date` field (local time, end of run) minus its duration",
+        "`date` field (local time, end of run) minus its duration (default)",
     )
-    p.add_argument("--slo-ttft-p99", type=_seconds, metavar="S", help="TTFT p99 objective in seconds (the knee)")
-    p.add_argument("--slo-itl-p99", type=_seconds, metavar="S", help="ITL p99 objective in seconds (the knee)")
+    p.add_argument(
+        "--slo-ttft-p99", type=_seconds, metavar="S", help="TTFT p99 objective in seconds (the knee; default: none)"
+    )
+    p.add_argument(
+        "--slo-itl-p99", type=_seconds, metavar="S", help="ITL p99 objective in seconds (the knee; default: none)"
+    )
     p.add_argument("--format", choices=("html", "md", "json"), default="html", help="html (default), md or json")
     p.add_argument("--out", "-o", type=Path, help="file to write (default: standard output)")
     _analysis_flags(p)
+    _env_and_default(p)
     return p
 
 
