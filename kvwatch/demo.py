@@ -33,6 +33,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="kvwatch demo", description="Simulated vLLM + kvwatch + a live view.")
     p.add_argument("--scenario", default="tour", help="simulator preset (default tour: every state in turn)")
+    p.add_argument("--engine", default="vllm", help="the engine the simulator speaks: vllm, sglang, trtllm, llamacpp")
     p.add_argument("--speed", type=float, default=4.0, help="simulated seconds per real second (default 4)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--listen", default="127.0.0.1:9847", help="where kvwatch serves (default 127.0.0.1:9847)")
@@ -101,9 +102,9 @@ async def run_demo(args) -> int:
     from kvwatch.sim import SimServer
 
     try:
-        sim = SimServer(args.scenario, host="127.0.0.1", port=0, seed=args.seed, speed=args.speed)
+        sim = SimServer(args.scenario, host="127.0.0.1", port=0, seed=args.seed, speed=args.speed, engine=args.engine)
     except (ValueError, OSError) as e:
-        raise ConfigError(f"invalid setting --scenario/--speed: {e}") from None
+        raise ConfigError(f"invalid setting --scenario/--speed/--engine: {e}") from None
     async with sim:
         settings = load_settings(target=[sim.url], listen=args.listen, interval=args.interval, window=args.window)
         monitor = Monitor(settings)
