@@ -127,7 +127,9 @@ def observe(preset: str, offset: float) -> dict[tuple[str, bool], list[Poll]]:
     scenario = load_scenario(preset)
     cfg = scenario.phases[0].engine
     hints = Hints(cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_model_len)
-    targets = {(e, h): Target(f"sim://{preset}/{e}", hints=hints if h else Hints()) for e in ENGINES for h in (False, True)}
+    targets = {
+        (e, h): Target(f"sim://{preset}/{e}", hints=hints if h else Hints()) for e in ENGINES for h in (False, True)
+    }
     sim = Simulator(scenario, seed=11, wall_start=1.8e9)
     polls: dict[tuple[str, bool], list[Poll]] = {k: [] for k in targets}
     for k in range(1, int(seconds(preset)) + 1):
@@ -186,5 +188,9 @@ def test_a_limit_the_engine_cannot_show_is_never_named_as_another(engine, hinted
             allowed = {expected(engine, preset)[phase][0], str(Bottleneck.NONE)} | known
             for offset in OFFSETS:
                 polls = observe(preset, offset)[engine, hinted]
-                named = {p.bottleneck for p in polls if p.phase == phase and (p.phase_start == 0 or p.sim_time - p.phase_start >= window)}
+                named = {
+                    p.bottleneck
+                    for p in polls
+                    if p.phase == phase and (p.phase_start == 0 or p.sim_time - p.phase_start >= window)
+                }
                 assert named and named <= allowed, (preset, engine, phase, offset, named - allowed)

@@ -54,7 +54,12 @@ def render(sim, version: str | None = None) -> str:
     out = Text()
     for name, help_, typ, value in (
         ("prompt_tokens_total", "Number of prompt tokens processed, excluding cached tokens", "counter", prompt),
-        ("prompt_tokens_cached_total", "Number of prompt tokens reused from the cache", "counter", s.prompt_local_cache_hit),
+        (
+            "prompt_tokens_cached_total",
+            "Number of prompt tokens reused from the cache",
+            "counter",
+            s.prompt_local_cache_hit,
+        ),
         ("prompt_seconds_total", "Total time spent processing prompts", "counter", s.h_prefill.sum),
         ("tokens_predicted_total", "Number of generation tokens processed", "counter", predicted),
         ("tokens_predicted_seconds_total", "Total time spent generating tokens", "counter", s.h_decode.sum),
@@ -74,7 +79,12 @@ def render(sim, version: str | None = None) -> str:
         ),
         ("spec_decode_num_drafts_total", "Speculative: Total speculative decoding verification steps", "counter", 0),
         ("prompt_tokens_seconds", "Average prompt throughput in tokens/s", "gauge", _rate(prompt - prompt0, dt)),
-        ("predicted_tokens_seconds", "Average generation throughput in tokens/s", "gauge", _rate(predicted - predicted0, dt)),
+        (
+            "predicted_tokens_seconds",
+            "Average generation throughput in tokens/s",
+            "gauge",
+            _rate(predicted - predicted0, dt),
+        ),
         ("requests_processing", "Number of requests processing", "gauge", processing),
         ("requests_deferred", "Number of requests deferred", "gauge", deferred),
         (

@@ -63,18 +63,32 @@ def _scheduler_gauges(out: Text, sim, labels: list[Labels]) -> None:
         out.family(P + name, help_, "gauge", zip(labels, values, strict=True))
 
     gauge("num_running_reqs", "Requests in the running batch.", [e.stats.running for e in engines])
-    gauge("num_used_tokens", "Tokens held in the KV pool.", [round(e.stats.kv_usage * n) for e, n in zip(engines, pool)])
+    gauge(
+        "num_used_tokens",
+        "Tokens held in the KV pool.",
+        [round(e.stats.kv_usage * n) for e, n in zip(engines, pool, strict=True)],
+    )
     gauge("token_usage", "Share of the KV pool in use.", [e.stats.kv_usage for e in engines])
-    gauge("gen_throughput", "Generation tokens per second over the last log interval.", [e.stats.logged[4] for e in engines])
+    gauge(
+        "gen_throughput",
+        "Generation tokens per second over the last log interval.",
+        [e.stats.logged[4] for e in engines],
+    )
     # The waiting queue; a P/D decode server's requests still waiting for KV room or transfer are in their own queues.
-    gauge("num_queue_reqs", "Requests in the waiting queue.", [e.stats.waiting - f[0] - f[1] for e, f in zip(engines, fetch)])
+    gauge(
+        "num_queue_reqs",
+        "Requests in the waiting queue.",
+        [e.stats.waiting - f[0] - f[1] for e, f in zip(engines, fetch, strict=True)],
+    )
     gauge("cache_hit_rate", "Prefix (radix) cache hit rate.", [_hit_rate(e.stats) for e in engines])
     gauge("max_total_num_tokens", "The KV pool's size in tokens.", pool)
     if engines[0].cfg.kv_transfer_tokens_per_s:
         gauge("num_decode_prealloc_queue_reqs", "Requests waiting for KV room to receive into.", [f[0] for f in fetch])
         gauge("num_decode_transfer_queue_reqs", "Requests whose KV is being transferred.", [f[1] for f in fetch])
     out.histogram(
-        P + "queue_time_seconds", "Seconds in the waiting queue.", zip(labels, [e.stats.h_queue for e in engines])
+        P + "queue_time_seconds",
+        "Seconds in the waiting queue.",
+        zip(labels, [e.stats.h_queue for e in engines], strict=True),
     )
 
 
@@ -93,7 +107,10 @@ def _scheduler_counters(out: Text, sim, labels: list[Labels]) -> None:
     rows = []
     for lab, s in zip(labels, stats, strict=True):
         _, compute, cache, gen, _ = s.logged
-        rows += [((*lab, ("mode", m)), v) for m, v in (("prefill_compute", compute), ("prefill_cache", cache), ("decode", gen))]
+        rows += [
+            ((*lab, ("mode", m)), v)
+            for m, v in (("prefill_compute", compute), ("prefill_cache", cache), ("decode", gen))
+        ]
     out.family(P + "realtime_tokens_total", "Tokens processed, counted at each stats log, by mode.", "counter", rows)
 
 
@@ -108,7 +125,9 @@ def _tokenizer_families(out: Text, sim, lab: Labels) -> None:
 
     counter("prompt_tokens_total", "Prompt tokens of finished requests.", prompt)
     counter("generation_tokens_total", "Generated tokens of finished requests.", sum(s.h_generation.sum for s in stats))
-    counter("cached_tokens_total", "Prompt tokens of finished requests served from the prefix cache.", prompt - computed)
+    counter(
+        "cached_tokens_total", "Prompt tokens of finished requests served from the prefix cache.", prompt - computed
+    )
     counter("num_requests_total", "Finished requests.", sum(s.h_e2e.count for s in stats))
     counter("num_aborted_requests_total", "Aborted requests.", sum(s.success["abort"] for s in stats))
     for name, help_, attr in (

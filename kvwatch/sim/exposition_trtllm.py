@@ -55,7 +55,11 @@ def render(sim, version: str | None = None) -> str:
         ("num_requests_completed_total", "Requests completed.", finished),
         ("prompt_tokens_total", "Prompt tokens of finished requests.", prompt),
         ("generation_tokens_total", "Generated tokens of finished requests.", s.h_generation.sum),
-        ("prompt_cached_tokens_total", "Prompt tokens of finished requests reused from the KV cache.", prompt - computed),
+        (
+            "prompt_cached_tokens_total",
+            "Prompt tokens of finished requests reused from the KV cache.",
+            prompt - computed,
+        ),
     ):
         out.family(P + name, help_, "counter", [(lab, value)])
     out.family(
