@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from ._text import Text
 
-__all__ = ["render", "slots"]
+__all__ = ["render", "slot_states", "slots"]
 
 P = "llamacpp:"
 
@@ -100,3 +100,27 @@ def render(sim, version: str | None = None) -> str:
 
 def _rate(n: float, dt: float) -> float:
     return n / dt if dt > 0 else 0.0
+
+
+def slot_states(sim) -> list[dict]:
+    """``/slots``: one object per slot (``--parallel``), as llama-server lists them. Each slot's context is its share
+    of the pool (``--ctx-size`` / ``--parallel``); a busy slot's ``n_prompt_tokens`` is its request's prompt and tokens
+    so far (the slot's KV use, which ``/metrics`` no longer shows). The running requests fill the first slots, then
+    the head of the queue (in a slot as llama.cpp, see ``slots``)."""
+    (e,) = sim.engines
+    n = e.cfg.max_num_seqs
+    busy = [*e.running, *list(e.waiting)[: max(0, n - len(e.running))]][:n]
+    n_ctx = e.usable * e.bs // n
+    out = []
+    for i in range(n):
+        slot: dict = {"id": i, "n_ctx": n_ctx, "speculative": False, "is_processing": i < len(busy)}
+        if i < len(busy):
+            req = busy[i]
+            slot |= {
+                "id_task": req.rid,
+                "n_prompt_tokens": req.num_tokens,
+                "n_prompt_tokens_processed": req.prompt_len - req.cached_tokens,
+                "n_prompt_tokens_cache": req.cached_tokens,
+            }
+        out.append(slot)
+    return out

@@ -13,7 +13,7 @@ from typing import TextIO
 
 from aiohttp import web
 
-from . import exposition_trtllm
+from . import exposition_llamacpp, exposition_trtllm
 from .exposition import CONTENT_TYPE, normalize_version, process_start_time, render
 from .expositions import by_name
 from .scenario import Scenario, load_scenario
@@ -35,7 +35,8 @@ class SimServer:
     model every ``tick`` seconds and every ``/metrics`` request first catches up to "now".
 
     ``engine`` (kvwatch.sim.expositions): the engine whose metrics it serves, ``vllm`` (default), ``sglang``,
-    ``trtllm`` (at ``/prometheus/metrics``; ``/metrics`` is JSON iteration stats, as trtllm-serve's) or ``llamacpp``.
+    ``trtllm`` (at ``/prometheus/metrics``; ``/metrics`` is JSON iteration stats, as trtllm-serve's) or ``llamacpp``
+    (with ``/slots``, llama-server's per-slot JSON).
 
     Endpoints: ``/metrics`` (the engine's exposition; gzip if asked), ``/health`` (200, always — also
     when stalled, like vLLM), ``/version``, ``/v1/models``, ``/sim/state`` (JSON: phase, simulated
@@ -104,6 +105,8 @@ class SimServer:
         app.router.add_get(self.exposition.metrics_path, self._metrics)
         if self.exposition.name == "trtllm":  # trtllm-serve's /metrics is JSON iteration stats
             app.router.add_get("/metrics", self._iteration_stats)
+        if self.exposition.name == "llamacpp":  # llama-server's per-slot JSON
+            app.router.add_get("/slots", self._slots)
         app.router.add_get("/health", self._health)
         app.router.add_get("/version", self._version)
         app.router.add_get("/v1/models", self._models)
@@ -235,6 +238,10 @@ class SimServer:
     async def _iteration_stats(self, request: web.Request) -> web.Response:
         self.catch_up()
         return web.json_response(exposition_trtllm.iteration_stats(self.simulator))
+
+    async def _slots(self, request: web.Request) -> web.Response:
+        self.catch_up()
+        return web.json_response(exposition_llamacpp.slot_states(self.simulator))
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.Response(status=200)
