@@ -33,7 +33,11 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="kvwatch demo", description="Simulated vLLM + kvwatch + a live view.")
     p.add_argument("--scenario", default="tour", help="simulator preset (default tour: every state in turn)")
-    p.add_argument("--engine", default="vllm", help="the engine the simulator speaks: vllm, sglang, trtllm, llamacpp")
+    p.add_argument(
+        "--engine",
+        default="vllm",
+        help="the engine the simulator speaks: vllm, sglang, trtllm, triton-trtllm, llamacpp (default vllm)",
+    )
     p.add_argument("--speed", type=float, default=4.0, help="simulated seconds per real second (default 4)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--listen", default="127.0.0.1:9847", help="where kvwatch serves (default 127.0.0.1:9847)")

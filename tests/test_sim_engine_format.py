@@ -93,17 +93,41 @@ LLAMACPP = {
     "llamacpp:requests_deferred": "gauge",
     "llamacpp:n_busy_slots_per_decode": "gauge",
 }
-DOCUMENTED = {"sglang": SGLANG, "trtllm": TRTLLM, "llamacpp": LLAMACPP}
+# trtllm/FAMILIES.md, section 2 (Triton's TensorRT-LLM backend), with each family's selector label and its values.
+TRITON = {
+    "nv_trt_llm_request_metrics": "gauge",
+    "nv_trt_llm_kv_cache_block_metrics": "gauge",
+    "nv_trt_llm_runtime_memory_metrics": "gauge",
+    "nv_trt_llm_inflight_batcher_metrics": "gauge",
+    "nv_trt_llm_v1_metrics": "gauge",
+    "nv_trt_llm_general_metrics": "gauge",
+    "nv_trt_llm_disaggregated_serving_metrics": "counter",
+    "nv_llm_output_token_len": "histogram",
+    "nv_llm_input_token_len": "histogram",
+}
+TRITON_SELECTORS = {
+    "request_type": {"active", "max", "scheduled", "context", "waiting"},
+    "kv_cache_block_type": {"max", "free", "used", "tokens_per", "reused", "fraction"},
+    "inflight_batcher_specific_metric": {
+        "total_context_tokens",
+        "generation_requests",
+        "micro_batch_id",
+        "paused_requests",
+    },
+    "general_type": {"timestamp", "iteration_counter"},
+}
+DOCUMENTED = {"sglang": SGLANG, "trtllm": TRTLLM, "triton-trtllm": TRITON, "llamacpp": LLAMACPP}
 # The labels each engine puts on its series (FAMILIES.md): SGLang's scheduler / tokenizer sets, trtllm-serve's
 # collector labels, none for llama.cpp; plus each family's own selector (mode, finished_reason, le).
 LABELS = {
     "sglang": {"model_name", "engine_type", "tp_rank", "pp_rank", "dp_rank", "mode", "le"},
     "trtllm": {"model_name", "engine_type", "finished_reason", "le"},
+    "triton-trtllm": {"model", "version", *TRITON_SELECTORS},
     "llamacpp": set(),
 }
 # One preset for each family set an engine renders differently: KV-bound (retractions), P/D decode, LoRA, data
 # parallel (SGLang only).
-RUNS = [("kv_cache", None), ("kv_transfer", None), ("max_loras", None), ("tour", None)]
+RUNS = [("kv_cache", None), ("kv_transfer", None), ("max_loras", None), ("tour", None)]  # one engine each
 
 
 def rendered(engine: str, preset: str, engines: int | None = None, seconds: float = 20.0) -> str:
@@ -139,7 +163,7 @@ def test_every_family_the_adapter_reads_is_rendered(engine):
     queues only on a decode server; old-build-only names never)."""
     printed = set(_printed_names(rendered(engine, "kv_cache"))) | set(_printed_names(rendered(engine, "kv_transfer")))
     base = {n.removesuffix("_total") for n in printed}
-    adapter = by_name(engine)
+    adapter = by_name(EXPOSITIONS[engine].engine)
     wanted = {n.removesuffix("_total") for n in DOCUMENTED[engine] if adapter.keep_family(n.removesuffix("_total"))}
     assert wanted and wanted <= base, sorted(wanted - base)
 
@@ -147,7 +171,7 @@ def test_every_family_the_adapter_reads_is_rendered(engine):
 @pytest.mark.parametrize("engine", list(EXPOSITIONS))
 def test_each_exposition_is_recognised_as_its_engine(engine):
     fams = {f.name for f in text_string_to_metric_families(rendered(engine, "healthy"))}
-    assert detect(fams) is by_name(engine)
+    assert detect(fams) is by_name(EXPOSITIONS[engine].engine)
 
 
 def test_sglang_data_parallel_ranks_are_dp_rank_and_the_tokenizer_side_has_none():
@@ -198,6 +222,20 @@ def test_llamacpp_defers_only_beyond_its_slots_and_has_no_kv_gauge():
     assert _value(text, "llamacpp:requests_processing") == e.cfg.max_num_seqs
     assert _value(text, "llamacpp:requests_deferred") == in_server - e.cfg.max_num_seqs
     assert "kv_cache" not in text
+
+
+def test_triton_selector_values_are_the_documented_ones():
+    text = rendered("triton-trtllm", "kv_cache")
+    seen: dict[str, set[str]] = {}
+    for fam in text_string_to_metric_families(text):
+        for smp in fam.samples:
+            for k in TRITON_SELECTORS.keys() & smp.labels.keys():
+                seen.setdefault(k, set()).add(smp.labels[k])
+    assert seen.keys() == TRITON_SELECTORS.keys()
+    assert all(seen[k] <= TRITON_SELECTORS[k] for k in seen), seen
+    used = _value(text, "nv_trt_llm_kv_cache_block_metrics", kv_cache_block_type="used")
+    free = _value(text, "nv_trt_llm_kv_cache_block_metrics", kv_cache_block_type="free")
+    assert used + free == _value(text, "nv_trt_llm_kv_cache_block_metrics", kv_cache_block_type="max")
 
 
 def test_trtllm_exports_its_ceilings_and_kv_blocks():

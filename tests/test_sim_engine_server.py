@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvwatch.engines import by_name, detect
 from kvwatch.sim import SimServer
 from kvwatch.sim.cli import main as sim_main
+from kvwatch.sim.expositions import EXPOSITIONS
 
 
 async def _advanced(sim: SimServer, seconds: float) -> None:
@@ -23,7 +24,13 @@ async def _advanced(sim: SimServer, seconds: float) -> None:
 
 
 @pytest.mark.parametrize(
-    ("engine", "path"), [("sglang", "/metrics"), ("trtllm", "/prometheus/metrics"), ("llamacpp", "/metrics")]
+    ("engine", "path"),
+    [
+        ("sglang", "/metrics"),
+        ("trtllm", "/prometheus/metrics"),
+        ("triton-trtllm", "/metrics"),
+        ("llamacpp", "/metrics"),
+    ],
 )
 async def test_sim_serves_the_engines_metrics_at_its_path(engine, path):
     async with SimServer("kv_cache", host="127.0.0.1", port=0, seed=1, speed=8.0, engine=engine) as sim:
@@ -33,7 +40,7 @@ async def test_sim_serves_the_engines_metrics_at_its_path(engine, path):
             r = await c.get(sim.url)
             assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain; version=0.0.4")
             fams = {f.name for f in text_string_to_metric_families(r.text)}
-            assert detect(fams) is by_name(engine)
+            assert detect(fams) is by_name(EXPOSITIONS[engine].engine)
             assert sim.state()["engine_type"] == engine
             if engine == "trtllm":  # trtllm-serve's /metrics is JSON iteration stats, not Prometheus text
                 stats = (await c.get(sim.base_url + "/metrics")).json()
@@ -58,7 +65,8 @@ async def test_sim_serves_the_engines_metrics_at_its_path(engine, path):
     [
         (["--engine", "llamacpp", "--engines", "2"], "a llama.cpp server is one engine"),
         (["--engine", "trtllm", "--engines", "2"], "trtllm-serve runs one executor"),
-        (["--engine", "tgi"], "--engine: 'tgi' is not one of vllm, sglang, trtllm, llamacpp"),
+        (["--engine", "triton-trtllm", "--engines", "2"], "Triton's TensorRT-LLM backend reports one executor"),
+        (["--engine", "tgi"], "--engine: 'tgi' is not one of vllm, sglang, trtllm, triton-trtllm, llamacpp"),
         (["--engine", "sglang", "--metrics-version", "v0"], "--metrics-version: vLLM's only"),
         (["--engine", "sglang", "--log-file", "/dev/null"], "--log-file: the simulator writes vLLM's log only"),
     ],

@@ -24,7 +24,17 @@ from kvwatch.sim.simulator import Simulator
 from kvwatch.state import Target
 from tests.helpers.sim_judge import CASES, Poll, judge, seconds
 
-ENGINES = ("sglang", "trtllm", "llamacpp")
+ENGINES = ("sglang", "trtllm", "triton-trtllm", "llamacpp")
+
+# Limits the trtllm adapter can show in trtllm-serve's form but not in Triton's: Triton's nv_trt_llm_* gauges carry
+# no token counter and no max_num_tokens (FAMILIES.md section 2), so nothing shows the step budget there.
+FORM_CANNOT_SHOW = {"triton-trtllm": {"token_budget"}}
+
+
+def shows(engine: str) -> set[str]:
+    """The limits this exposition can show: its adapter's ``Engine.shows``, less what its form lacks."""
+    return {str(b) for b in by_name(EXPOSITIONS[engine].engine).shows} - FORM_CANNOT_SHOW.get(engine, set())
+
 
 # A paused engine with requests in flight and no sleep state in its metrics is, by those metrics, a stall: after the
 # stall rule's max(5 s, 3 intervals) without progress, as for a wedged engine.
@@ -47,6 +57,18 @@ OVERRIDES: dict[str, dict[str, dict[str, tuple[str, float]]]] = {
         "gpu_max_loras": {"max_loras": ("none", 6.0)},
         "kv_transfer": {"kv_transfer": ("none", 6.0)},
         "gpu_kv_transfer": {"kv_transfer": ("none", 6.0)},
+    },
+    # Triton's TensorRT-LLM backend: trtllm-serve's blind spots, and no token counters (no step budget).
+    "triton-trtllm": {
+        "asleep": _ASLEEP,
+        "gpu_asleep": _ASLEEP,
+        "max_loras": {"max_loras": ("none", 6.0)},
+        "gpu_max_loras": {"max_loras": ("none", 6.0)},
+        "kv_transfer": {"kv_transfer": ("none", 6.0)},
+        "gpu_kv_transfer": {"kv_transfer": ("none", 6.0)},
+        "token_budget": {"token_budget": ("none", 6.0)},
+        "gpu_token_budget": {"token_budget": ("none", 6.0)},
+        "tour": {**CASES["tour"][1], "token_budget": ("none", 6.0)},
     },
     # llama.cpp: no KV gauge, no step data, no LoRA queue, no P/D, no sleep state. Its slots are the simulated
     # max_num_seqs and a request waits (deferred) only when every slot is busy (kvwatch.sim.exposition_llamacpp).
@@ -137,7 +159,7 @@ def observe(preset: str, offset: float) -> dict[tuple[str, bool], list[Poll]]:
         bodies = {e: EXPOSITIONS[e].render(sim) for e in ENGINES}
         for (e, h), target in targets.items():
             target.observe_body(sim.virtual_time, bodies[e])
-            assert target.engine_kind is by_name(e), (preset, e, target.engine_kind)
+            assert target.engine_kind is by_name(EXPOSITIONS[e].engine), (preset, e, target.engine_kind)
             (engine,) = target.diagnose(sim.virtual_time).engines
             polls[e, h].append(Poll(sim.now, sim.phase_name, sim.phase_start, engine.bottleneck))
     return polls
@@ -162,13 +184,13 @@ def test_preset_is_diagnosed_as_the_engine_can_show(preset, engine, hinted, offs
 def test_expected_verdicts_name_only_limits_the_engine_can_show(engine):
     """The table above never expects a limit the engine's metrics cannot show, and changes vLLM's expectation
     only where the engine cannot show it (or, llama.cpp, where its slots bind instead)."""
-    shows = {str(b) for b in by_name(engine).shows}
+    can = shows(engine)
     for preset in CASES:
         for phase, (want, _) in expected(engine, preset).items():
-            assert want in shows | {"none", "idle"}, (engine, preset, phase, want)
+            assert want in can | {"none", "idle"}, (engine, preset, phase, want)
             vllm_want = CASES[preset][1][phase][0]
             if want != vllm_want and engine != "llamacpp":
-                assert vllm_want not in shows, (engine, preset, phase)
+                assert vllm_want not in can, (engine, preset, phase)
 
 
 @pytest.mark.parametrize("hinted", [False, True], ids=["no-hints", "hints"])
@@ -178,11 +200,11 @@ def test_a_limit_the_engine_cannot_show_is_never_named_as_another(engine, hinted
     scrape once the window holds only that phase (a tour's phase starts with the last one's samples), at every
     phase of the second: never some other limit (max_num_seqs, token_budget, kv_cache) beyond the known wrong
     verdicts above, which are pinned: a new wrong name fails."""
-    shows = {str(b) for b in by_name(engine).shows}
+    can = shows(engine)
     window = Target("x").window_seconds
     for preset, (_, phases) in CASES.items():
         for phase, (vllm_want, _) in phases.items():
-            if vllm_want in shows | {"none", "idle"}:
+            if vllm_want in can | {"none", "idle"}:
                 continue
             known = KNOWN_WRONG.get((preset, engine), (frozenset(), ""))[0]
             allowed = {expected(engine, preset)[phase][0], str(Bottleneck.NONE)} | known

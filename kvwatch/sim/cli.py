@@ -1,7 +1,7 @@
 """``kvwatch sim``: serve a simulated vLLM server's /metrics.
 
     kvwatch sim [--scenario NAME | --scenario-file F] [--host H] [--port P] [--seed S]
-                [--speed X] [--engines N] [--engine {vllm,sglang,trtllm,llamacpp}]
+                [--speed X] [--engines N] [--engine {vllm,sglang,trtllm,triton-trtllm,llamacpp}]
                 [--metrics-version {0.32,0.10,v0}] [--duration S]
                 [--log-file F] [--list-scenarios]
 

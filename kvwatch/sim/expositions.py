@@ -2,7 +2,8 @@
 
 ``kvwatch sim --engine NAME`` / ``SimServer(engine=NAME)``: the same simulation (kvwatch.sim.engine, vLLM's V1
 scheduler model) printed as that engine's ``/metrics``. The names are kvwatch.engines' (``--engine`` of
-``kvwatch run``), so a simulated target is read by the adapter of the same name.
+``kvwatch run``), so a simulated target is read by the adapter of the same name; ``triton-trtllm`` (Triton's
+TensorRT-LLM backend) is read by the ``trtllm`` adapter.
 """
 
 from __future__ import annotations
@@ -10,19 +11,25 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import exposition, exposition_llamacpp, exposition_sglang, exposition_trtllm
+from . import exposition, exposition_llamacpp, exposition_sglang, exposition_triton, exposition_trtllm
 
 __all__ = ["EXPOSITIONS", "Exposition", "by_name"]
 
 
 @dataclass(frozen=True, slots=True)
 class Exposition:
-    name: str  # kvwatch.engines' name for the engine
+    name: str  # the simulator's --engine value
     title: str
     render: Callable[..., str]  # render(sim, version) -> the metrics body
     metrics_path: str = "/metrics"
     versions: tuple[str, ...] = ()  # --metrics-version values (vLLM's); others speak one version
     one_engine: str = ""  # why it serves one engine only ("": data-parallel engines allowed)
+    adapter: str = ""  # kvwatch.engines' name for the engine, if not ``name``
+
+    @property
+    def engine(self) -> str:
+        """The kvwatch engine (``kvwatch run --engine``) that reads this exposition."""
+        return self.adapter or self.name
 
 
 EXPOSITIONS: dict[str, Exposition] = {
@@ -36,6 +43,13 @@ EXPOSITIONS: dict[str, Exposition] = {
             exposition_trtllm.render,
             metrics_path="/prometheus/metrics",
             one_engine="trtllm-serve runs one executor and labels no rank",
+        ),
+        Exposition(
+            "triton-trtllm",
+            "TensorRT-LLM (Triton backend)",
+            exposition_triton.render,
+            one_engine="Triton's TensorRT-LLM backend reports one executor per model version",
+            adapter="trtllm",
         ),
         Exposition(
             "llamacpp",
