@@ -96,7 +96,9 @@ def plain_line(elapsed: float, phase: str, d: Diagnosis) -> str:
 def _print_addresses(args, sim_url: str, base: str) -> None:
     # The status page first: the one address to open.
     print(f"kvwatch demo: open {base}/ in a browser: the live status page")
-    print(f"  simulated vLLM ({args.scenario}, speed x{args.speed:g}) at {sim_url}")
+    from kvwatch.sim.expositions import by_name
+
+    print(f"  simulated {by_name(args.engine).title} ({args.scenario}, speed x{args.speed:g}) at {sim_url}")
     print(f"  kvwatch metrics:   {base}/metrics")
     print(f"  kvwatch diagnosis: {base}/api/v1/diagnosis")
     print("  Ctrl-C to stop.\n", flush=True)
