@@ -37,6 +37,11 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="None of these flags has an environment variable.",
     )
     p.add_argument("--scenario", default="tour", help="simulator preset (default tour: every state in turn)")
+    p.add_argument(
+        "--engine",
+        default="vllm",
+        help="the engine the simulator speaks: vllm, sglang, trtllm, triton-trtllm, llamacpp (default vllm)",
+    )
     p.add_argument("--speed", type=float, default=4.0, help="simulated seconds per real second (default 4)")
     p.add_argument("--seed", type=int, default=1, help="the simulator's random seed: same seed, same run (default 1)")
     p.add_argument("--listen", default="127.0.0.1:9847", help="where kvwatch serves (default 127.0.0.1:9847)")
@@ -95,7 +100,9 @@ def plain_line(elapsed: float, phase: str, d: Diagnosis) -> str:
 def _print_addresses(args, sim_url: str, base: str) -> None:
     # The status page first: the one address to open.
     print(f"kvwatch demo: open {base}/ in a browser: the live status page")
-    print(f"  simulated vLLM ({args.scenario}, speed x{args.speed:g}) at {sim_url}")
+    from kvwatch.sim.expositions import by_name
+
+    print(f"  simulated {by_name(args.engine).title} ({args.scenario}, speed x{args.speed:g}) at {sim_url}")
     print(f"  kvwatch metrics:   {base}/metrics")
     print(f"  kvwatch diagnosis: {base}/api/v1/diagnosis")
     print("  Ctrl-C to stop.\n", flush=True)
@@ -105,9 +112,9 @@ async def run_demo(args) -> int:
     from kvwatch.sim import SimServer
 
     try:
-        sim = SimServer(args.scenario, host="127.0.0.1", port=0, seed=args.seed, speed=args.speed)
+        sim = SimServer(args.scenario, host="127.0.0.1", port=0, seed=args.seed, speed=args.speed, engine=args.engine)
     except (ValueError, OSError) as e:
-        raise ConfigError(f"invalid setting --scenario/--speed: {e}") from None
+        raise ConfigError(f"invalid setting --scenario/--speed/--engine: {e}") from None
     async with sim:
         settings = load_settings(target=[sim.url], listen=args.listen, interval=args.interval, window=args.window)
         monitor = Monitor(settings)
