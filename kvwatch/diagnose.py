@@ -694,7 +694,9 @@ def prefill_paced(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
     """No step data, and prompt throughput steady near its window maximum while requests wait with KV and
     sequence room: prefill paces admission, so the per-step budget (or the prefill compute) binds. The budget
     itself is not observed, and the evidence says so."""
-    steady = None if s.throughput.engine_step_tokens is not None else _prefill_steady(s, th)
+    if s.throughput.engine_step_tokens is not None or s.throughput.tokens_at_request_end:
+        return None  # steps are observed (full_steps' to judge), or prompt tokens counted as requests end
+    steady = _prefill_steady(s, th)
     room = None if steady is None else _sequence_room(s, hints, th)
     if steady is None or room is None:
         return None

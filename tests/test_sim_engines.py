@@ -49,7 +49,8 @@ OVERRIDES: dict[str, dict[str, dict[str, tuple[str, float]]]] = {
         "max_loras": {"max_loras": ("none", 6.0)},
         "gpu_max_loras": {"max_loras": ("none", 6.0)},
     },
-    # trtllm-serve: no sleep state, no LoRA queue, no KV-transfer stages; its queue there has room: none.
+    # trtllm-serve: no sleep state, no LoRA queue, no KV-transfer stages; its queue there has room: none. No step
+    # data read, and its token counters move as requests end (EngineSnapshot.tokens_at_request_end): no step budget.
     "trtllm": {
         "asleep": _ASLEEP,
         "gpu_asleep": _ASLEEP,
@@ -57,6 +58,9 @@ OVERRIDES: dict[str, dict[str, dict[str, tuple[str, float]]]] = {
         "gpu_max_loras": {"max_loras": ("none", 6.0)},
         "kv_transfer": {"kv_transfer": ("none", 6.0)},
         "gpu_kv_transfer": {"kv_transfer": ("none", 6.0)},
+        "token_budget": {"token_budget": ("none", 6.0)},
+        "gpu_token_budget": {"token_budget": ("none", 6.0)},
+        "tour": {**CASES["tour"][1], "token_budget": ("none", 6.0)},
     },
     # Triton's TensorRT-LLM backend: trtllm-serve's blind spots, and no token counters (no step budget).
     "triton-trtllm": {

@@ -74,6 +74,7 @@ def read(families: dict[str, Family], max_engines: int = 64) -> dict[tuple[str, 
             c[Counter.PROMPT_TOKENS] += smp.value
     for s in out.values():
         s.max_running_requests = _slots_when_deferring(s)
+        s.tokens_at_request_end = True  # tokens_predicted_total moves when a request ends
     return out
 
 

@@ -84,6 +84,9 @@ def read(families: dict[str, Family], max_engines: int = 64) -> dict[tuple[str, 
         return out  # counters and histograms alone make no engine
     _read_counters(families, snap)
     _read_realtime(families.get(REALTIME), snap)
+    live = families.get(REALTIME)
+    for s in out.values():  # without realtime_tokens_total, only observe_one_finished_request counts tokens
+        s.tokens_at_request_end = live is None or not live.samples
     for name, canon in HISTOGRAMS.items():
         fam = families.get(name)
         if fam is not None:
