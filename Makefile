@@ -27,10 +27,11 @@ LINT_PATHS := kvwatch
 test:
 	$(PYTEST) -q -n 2 $(ARGS)
 
-# pytest exits 5 when it collects nothing: make fails on any non-zero status, but say why.
+# pytest exits 5 when it collects nothing: make fails on any non-zero status, but say why. -rs prints the reason of
+# any skip; --no-skips (tests/conftest.py) fails every test that skips: all are required.
 test-all:
 	@echo "=== unit, integration and pipeline tests (all but e2e) ($$(date +%T))"
-	@$(PYTEST) -q -p no:cacheprovider -m 'not e2e' -n $(WORKERS) --dist loadfile --durations=15 $(ARGS); rc=$$?; \
+	@$(PYTEST) -q -rs --no-skips -p no:cacheprovider -m 'not e2e' -n $(WORKERS) --dist loadfile --durations=15 $(ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make: pytest collected no tests" >&2; fi; exit $$rc
 
 # What CI runs (.ci/run, after its install steps).
