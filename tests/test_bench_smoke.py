@@ -114,8 +114,8 @@ def test_check_gates_each_goal_with_its_margin():
               "fanin": {"levels": [{"targets": 200, "targets_per_core": 253.0}]}}
     assert gate_failures(within) == []
     dearer = copy.deepcopy(within)
-    dearer["cycle"]["a_real"]["ratio"] = 0.26  # a third dearer than its worst reading under load
-    assert gate_failures(dearer) == ["cycle/parse-baseline above 0.25 (goal 0.2): {'a_real': 0.26}"]
+    dearer["cycle"]["a_real"]["ratio"] = 0.36  # a sixth dearer than today's worst reading under load
+    assert gate_failures(dearer) == ["cycle/parse-baseline above 0.35 (goal 0.2): {'a_real': 0.36}"]
     fatter = copy.deepcopy(within)
     fatter["memory"]["peak_rss_mib"] = GOALS["peak_rss_mib"] + 5.0
     assert gate_failures(fatter) == ["peak RSS of kvwatch run 69.0 MiB, above 68 (goal 64)"]
@@ -128,11 +128,11 @@ def test_check_gates_each_goal_with_its_margin():
 
 
 def test_check_exits_1_past_a_gate(monkeypatch, capsys):
-    for ratio, code in ((0.3, 1), (0.18, 0)):
+    for ratio, code in ((0.4, 1), (0.18, 0)):
         monkeypatch.setattr(bench_main, "run_cycle", lambda quick, r=ratio: {"a_real": {"ratio": r}})
         monkeypatch.setattr(bench_main, "table", lambda res: "")
         assert bench_main.main(["--only", "cycle", "--check"]) == code
-    assert "bench: cycle/parse-baseline above 0.25 (goal 0.2): {'a_real': 0.3}" in capsys.readouterr().err
+    assert "bench: cycle/parse-baseline above 0.35 (goal 0.2): {'a_real': 0.4}" in capsys.readouterr().err
 
 
 @pytest.mark.slow  # ~20 s: four phases of 3 s, 1,000-request waves

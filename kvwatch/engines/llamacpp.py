@@ -102,6 +102,7 @@ FLAGS: dict[Action, str] = {
 ENGINE = Engine(
     name="llamacpp",
     title="llama.cpp",
+    families=KEEP_FAMILIES,
     keep_family=keep_family,
     recognise=recognise,
     read=read,

@@ -183,6 +183,7 @@ FLAGS: dict[Action, str] = {
 ENGINE = Engine(
     name="sglang",
     title="SGLang",
+    families=KEEP_FAMILIES,
     keep_family=keep_family,
     recognise=recognise,
     read=read,

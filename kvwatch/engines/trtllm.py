@@ -181,6 +181,7 @@ FLAGS: dict[Action, str] = {
 ENGINE = Engine(
     name="trtllm",
     title="TensorRT-LLM",
+    families=KEEP_FAMILIES,
     keep_family=keep_family,
     recognise=recognise,
     read=read,

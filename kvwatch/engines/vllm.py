@@ -338,9 +338,11 @@ def recognise(name: str) -> bool:
 ENGINE = Engine(
     name="vllm",
     title="vLLM",
+    families=KEEP_FAMILIES,
     keep_family=keep_family,
     recognise=recognise,
     read=read,
     flags=FLAGS,
     shows=frozenset(Bottleneck),  # every limit kvwatch knows was first learnt on vLLM
+    alias_prefixes=(_RAY,),
 )
