@@ -130,6 +130,7 @@ class Action(StrEnum):
     ENABLE_PREFIX_CACHING = "enable_prefix_caching"
     REDUCE_MAX_MODEL_LEN = "reduce_max_model_len"
     RAISE_GPU_MEMORY_UTILIZATION = "raise_gpu_memory_utilization"
+    RAISE_KV_CACHE_MEMORY_BYTES = "raise_kv_cache_memory_bytes"
     RAISE_MAX_NUM_SEQS = "raise_max_num_seqs"
     LOWER_MAX_NUM_SEQS = "lower_max_num_seqs"
     RAISE_MAX_NUM_BATCHED_TOKENS = "raise_max_num_batched_tokens"
@@ -153,6 +154,10 @@ _ACTION_INFO: dict[Action, tuple[str, str]] = {
     Action.ENABLE_PREFIX_CACHING: ("--enable-prefix-caching", "store shared prompt prefixes once"),
     Action.REDUCE_MAX_MODEL_LEN: ("--max-model-len", "stop a few long requests holding most of the KV cache"),
     Action.RAISE_GPU_MEMORY_UTILIZATION: ("--gpu-memory-utilization", "give the KV cache more of the device memory"),
+    Action.RAISE_KV_CACHE_MEMORY_BYTES: (
+        "--kv-cache-memory-bytes",
+        "a larger KV cache where this flag pins its size (it overrides --gpu-memory-utilization)",
+    ),
     Action.RAISE_MAX_NUM_SEQS: ("--max-num-seqs", "more sequences per step when KV has room"),
     Action.LOWER_MAX_NUM_SEQS: ("--max-num-seqs", "fewer sequences, so each has room to grow (no preemption)"),
     Action.RAISE_MAX_NUM_BATCHED_TOKENS: (

@@ -429,7 +429,8 @@ def kv_transfer(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
     fact = ("kv_fetch_waiting", {"fetching": fetching, "waiting": waiting, "transfer_text": transfer_text} | numbers)
     why = (
         "requests wait for their KV, not for this engine: more prefill engines (or faster ones) if loads wait to "
-        "start, a faster connector path (RDMA/NIXL transport, larger transfer buffers) if they are slow in progress; "
+        "start, a faster connector path (--kv-transfer-config: RDMA/NIXL transport, larger transfer buffers) if they "
+        "are slow in progress; "
         "this engine's flags change nothing"
     )
     recs = [Recommendation(Action.SCALE_PREFILL_SIDE, why)]
@@ -589,7 +590,7 @@ def full_steps(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
     recs = [
         Recommendation(
             Action.RAISE_MAX_NUM_BATCHED_TOKENS,
-            f"steps are full at ~{_n(step)} tokens; a larger budget admits prefills faster "
+            f"steps are full at ~{_n(step)} tokens; a larger max_num_batched_tokens admits prefills faster "
             "(trade-off: longer steps raise inter-token latency for running requests)",
         ),
         Recommendation(Action.ADD_REPLICA, "more engines share the prefill load"),
@@ -729,7 +730,7 @@ def prefill_paced(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
         Recommendation(
             Action.RAISE_MAX_NUM_BATCHED_TOKENS,
             f"prefill holds at ~{_n(steady.high)} tokens/s while requests wait; if the per-step budget binds, a "
-            "larger one admits prefills faster (not observed: enable --enable-logging-iteration-details or read "
+            "larger max_num_batched_tokens admits prefills faster (not observed: enable --enable-logging-iteration-details or read "
             "vllm:iteration_tokens_total; trade-off: longer steps raise inter-token latency)",
         ),
         Recommendation(Action.ADD_REPLICA, "if the prefill compute itself binds, more engines share it"),
@@ -785,7 +786,7 @@ def _prefill_climb(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
         Recommendation(
             Action.RAISE_MAX_NUM_BATCHED_TOKENS,
             f"prefill runs at ~{_n(t.prompt_tokens_per_second)} tokens/s while requests wait; if the per-step budget "
-            "binds, a larger one admits prefills faster (likely, not yet seen: trade-off, longer steps raise "
+            "binds, a larger max_num_batched_tokens admits prefills faster (likely, not yet seen: trade-off, longer steps raise "
             "inter-token latency)",
         ),
         Recommendation(Action.ADD_REPLICA, "if the prefill compute itself binds, more engines share it"),
@@ -1133,7 +1134,8 @@ def seqs_recommendations(s: Signals, ceiling: int, th: Thresholds) -> list[Recom
         )
     else:
         why = (
-            f"Running is pinned at {ceiling} with KV room to spare (more sequences per step raise inter-token latency)"
+            f"Running is pinned at max_num_seqs={ceiling} with KV room to spare (more sequences per step raise "
+            "inter-token latency)"
         )
     return [
         Recommendation(Action.RAISE_MAX_NUM_SEQS, why),
@@ -1177,7 +1179,7 @@ def _cache_config_advice(s: Signals, hints: Hints, th: Thresholds):
     if c is not None and c.enable_prefix_caching is False:
         yield Recommendation(
             Action.ENABLE_PREFIX_CACHING,
-            "prefix caching is off: shared prompt prefixes are stored once and skip prefill",
+            "prefix caching is off: --enable-prefix-caching stores shared prompt prefixes once, and they skip prefill",
         )
     max_len = hints.max_model_len or (c.max_model_len if c else None)
     usage, running = s.kv.usage_ratio or 0.0, _running(s)
@@ -1196,9 +1198,9 @@ def _cache_config_advice(s: Signals, hints: Hints, th: Thresholds):
         )
     if c is not None and c.kv_cache_memory_bytes:
         yield Recommendation(
-            Action.RAISE_GPU_MEMORY_UTILIZATION,
+            Action.RAISE_KV_CACHE_MEMORY_BYTES,
             f"the KV cache is pinned at {c.kv_cache_memory_bytes / 2**20:.0f} MiB by --kv-cache-memory-bytes, "
-            "which overrides --gpu-memory-utilization: raise it if the device has memory left",
+            "which overrides --gpu-memory-utilization: raise --kv-cache-memory-bytes if the device has memory left",
         )
     elif (
         c is not None
@@ -1225,5 +1227,8 @@ def _preemption_advice(s: Signals) -> Recommendation:
             "avoids the recompute"
         )
     else:
-        why = f"{rate:.1f} preemptions/s throw away computed KV; fewer concurrent sequences leave each one room to grow"
+        why = (
+            f"{rate:.1f} preemptions/s throw away computed KV; a lower max_num_seqs (fewer concurrent sequences) "
+            "leaves each one room to grow"
+        )
     return Recommendation(Action.LOWER_MAX_NUM_SEQS, why)

@@ -70,7 +70,8 @@ def test_kv_cache_evidence_and_advice_follow_the_config():
     assert "fp8_kv_cache" in actions  # cache_dtype auto
     assert "enable_prefix_caching" not in actions  # it is on
     assert "reduce_max_model_len" not in actions  # 500-token sequences vs 1024 is not "far shorter"
-    assert "raise_gpu_memory_utilization" in actions  # pinned by --kv-cache-memory-bytes
+    # pinned by --kv-cache-memory-bytes, which overrides --gpu-memory-utilization: the advice is that flag's (issue 25)
+    assert "raise_kv_cache_memory_bytes" in actions and "raise_gpu_memory_utilization" not in actions
     assert "lower_max_num_seqs" in actions  # preempting
     assert set(actions) <= set(ACTIONS)
 
@@ -301,3 +302,43 @@ def test_one_request_waiting_briefly_is_none_with_medium_confidence():
     persisting = brief | dict(waiting_recent_min=1.0, waiting_streak=3)
     d = diagnose_engine(_sig(streak=streak([6, 6, 6], [1, 1, 1], 0.1, 300.0), **persisting))
     assert d.bottleneck == "undetermined" and d.confidence == Confidence.LOW and "no limit identified" in d.evidence[0]
+
+
+def _flag_names(flag: str) -> tuple[str, ...]:
+    """A vLLM flag as a text names it: ``--max-num-seqs`` or its config key ``max_num_seqs``."""
+    cli = flag.split()[0]
+    return (cli, cli.removeprefix("--").replace("-", "_"))
+
+
+def _recommendation_texts():
+    """Every recommendation kvwatch gives on the real captures (with and without hints), the simulator's LoRA and
+    P/D presets, and hand-made signals for the advice the captures never call for."""
+    from kvwatch.sim.scenario import load_scenario
+    from tests.test_diagnose_evidence import climbing, metrics_history
+    from tests.test_new_limits import diagnoses
+
+    ds = [e for sc in HINTS for h in (Hints(), HINTS[sc]) for d in replay(sc, h) for e in d.engines]
+    ds += diagnoses(load_scenario("max_loras"), 24) + diagnoses(load_scenario("kv_transfer"), 24)
+    ds.append(diagnose_engine(metrics_history(climbing())))
+    for cache, hints in [(CacheConfig(cache_dtype="auto", enable_prefix_caching=False), Hints(max_model_len=32768)),
+                         (CacheConfig(gpu_memory_utilization=0.85), Hints()),
+                         (CacheConfig(kv_cache_memory_bytes=2**30), Hints())]:
+        ds.append(diagnose_engine(_sig(cache=cache), hints))
+        ds.append(diagnose_engine(_sig(cache=cache, estimated_max_concurrency=2.0, running_recent_max=6.0), hints))
+    ds.append(diagnose_engine(_sig(stalled_seconds=12.0)))
+    return {(r.action, r.why) for d in ds for r in d.recommendations}
+
+
+def test_every_actions_text_is_about_its_own_flag():
+    """Issue 25 point 3: the --kv-cache-memory-bytes advice was filed under raise_gpu_memory_utilization. Every action
+    is given somewhere, and the first vLLM flag each of its texts names (as a flag or its config key) is the action's
+    own: what the text tells a user to change is what the action, its flag and the page say."""
+    texts = _recommendation_texts()
+    assert {a for a, _ in texts} == set(ACTIONS)
+    flags = {a.flag for a in ACTIONS if a.flag.startswith("--") or "--" in a.flag}
+    for action, why in texts:
+        named = sorted((why.find(n), flag) for flag in flags for n in _flag_names(flag.split(" / ")[-1]) if n in why)
+        if "--" not in action.flag:
+            assert not named, (action, why)  # replicas, restart: no flag of the engine to name
+            continue
+        assert named and named[0][1] == action.flag, (action, action.flag, why)

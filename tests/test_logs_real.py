@@ -68,7 +68,7 @@ def test_kv_cache_run_is_diagnosed_kv_cache_with_the_logs_capacity():
     actions = [x["action"] for x in first["recommendations"]]
     assert actions == sorted(actions, key=ACTIONS.index)
     assert "fp8_kv_cache" in actions  # kv_cache_dtype=auto in the engine config line
-    assert "raise_gpu_memory_utilization" in actions  # 'kv_cache_memory_bytes': 8388608 in the start-up arguments
+    assert "raise_kv_cache_memory_bytes" in actions  # 'kv_cache_memory_bytes': 8388608 in the start-up arguments
     assert "enable_prefix_caching" not in actions  # enable_prefix_caching=True
     notes = " ".join(first["notes"])
     assert "KV capacity 2,048 tokens from line 48" in notes
