@@ -651,7 +651,7 @@ FAMILIES: tuple[Family, ...] = (
         "gauge",
         (*ENGINE, "limit"),
         "sequences",
-        "Sequences the engine holds at the observed lengths, per limit (kv_cache, max_num_seqs, token_budget).",
+        f"Sequences the engine holds at the observed lengths, per limit ({', '.join(CAPACITY_LIMITS)}).",
         doc=f"sequences each limit ({_states(CAPACITY_LIMITS)}) lets the engine hold at the observed lengths "
         "(see Autoscaling); a limit whose inputs are unknown is absent",
     ),
