@@ -347,3 +347,35 @@ def test_undetermined_is_always_low_confidence_so_no_page_can_fire_on_it():
     undetermined = [d for d in seen if d.bottleneck == Bottleneck.UNDETERMINED]
     assert len(undetermined) >= 20
     assert all(d.confidence == Confidence.LOW and not d.confidence.pages for d in undetermined)
+
+
+# The figures of stats lines users posted (prompt, generation tokens/s, Running, Waiting, KV usage), one record per
+# 10 s, written in vLLM 0.32's line format: the threads' own words are not copied, their numbers are.
+PUBLIC_THREADS = {
+    # vllm-project/vllm#37307 (a PR's log): 24k prompt tokens/s steady while Running climbs and the queue drains
+    "vllm#37307": ([(23998.2, 18.1, 10, 90, 0.193), (23999.9, 35.4, 16, 84, 0.309), (23999.8, 52.6, 22, 78, 0.425),
+                    (23998.3, 69.6, 28, 72, 0.542), (24000.7, 83.7, 34, 66, 0.654)],
+                   ["undetermined"] + ["token_budget"] * 4),
+    # vllm-project/vllm#43295: 18-21 running, 23-43 waiting, KV 88-98 %
+    "vllm#43295": ([(0.0, 1055.3, 18, 43, 0.959), (0.0, 1226.3, 18, 42, 0.955), (12068.8, 734.9, 18, 33, 0.877),
+                    (18032.5, 589.8, 21, 23, 0.959), (0.0, 1242.7, 20, 23, 0.984)], ["kv_cache"] * 5),
+    # intel/llm-scaler#391: one running request holding 76 % of the KV cache, 14 waiting, for an hour
+    "llm-scaler#391": ([(0.0, 5.4, 1, 14, 0.765), (0.0, 5.4, 1, 14, 0.767), (0.0, 5.5, 1, 14, 0.768)], ["kv_cache"] * 3),
+    # vllm-project/vllm#11517: 1 running, 3 pending, KV 3 % (a LoRA server; the log cannot show the slots)
+    "vllm#11517": ([(0.0, 45.7, 1, 3, 0.031)] * 3, ["undetermined"] * 3),
+    # vllm-project/vllm#2731: 35 running, 115 pending, KV 99 %
+    "vllm#2731": ([(382.6, 118.5, 35, 115, 0.99)], ["kv_cache"]),
+}
+
+
+@pytest.mark.parametrize("thread", sorted(PUBLIC_THREADS))
+def test_public_threads_never_read_none_while_requests_wait(thread):
+    """Issue 25: on users' posted logs every record with requests waiting names a limit or is undetermined (low,
+    saying what it lacks); before, the first records of a queue (and #11517's every record) read "none"."""
+    recs, expected = PUBLIC_THREADS[thread]
+    s = read([v1(10 * i, v1_032(0, p, g, r, w, kv, prefix=0.0)) for i, (p, g, r, w, kv) in enumerate(recs)])
+    got = [r.diagnosis for r in s.results]
+    assert [d.bottleneck for d in got] == expected, [d.evidence for d in got]
+    for d in got:
+        if d.bottleneck == Bottleneck.UNDETERMINED:
+            assert d.confidence == Confidence.LOW and ("kvwatch could not see" in text(d) or "until kvwatch can tell" in text(d))
