@@ -430,8 +430,7 @@ def kv_transfer(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
     why = (
         "requests wait for their KV, not for this engine: more prefill engines (or faster ones) if loads wait to "
         "start, a faster connector path (--kv-transfer-config: RDMA/NIXL transport, larger transfer buffers) if they "
-        "are slow in progress; "
-        "this engine's flags change nothing"
+        "are slow in progress; this engine's flags change nothing"
     )
     recs = [Recommendation(Action.SCALE_PREFILL_SIDE, why)]
     reason = "vLLM counts most of the queue as waiting for remote KV loads"
@@ -730,8 +729,9 @@ def prefill_paced(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
         Recommendation(
             Action.RAISE_MAX_NUM_BATCHED_TOKENS,
             f"prefill holds at ~{_n(steady.high)} tokens/s while requests wait; if the per-step budget binds, a "
-            "larger max_num_batched_tokens admits prefills faster (not observed: enable --enable-logging-iteration-details or read "
-            "vllm:iteration_tokens_total; trade-off: longer steps raise inter-token latency)",
+            "larger max_num_batched_tokens admits prefills faster (not observed: enable "
+            "--enable-logging-iteration-details or read vllm:iteration_tokens_total; trade-off: longer steps raise "
+            "inter-token latency)",
         ),
         Recommendation(Action.ADD_REPLICA, "if the prefill compute itself binds, more engines share it"),
     ]
@@ -788,8 +788,8 @@ def _prefill_climb(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
         Recommendation(
             Action.RAISE_MAX_NUM_BATCHED_TOKENS,
             f"prefill runs at ~{_n(t.prompt_tokens_per_second)} tokens/s while requests wait; if the per-step budget "
-            "binds, a larger max_num_batched_tokens admits prefills faster (likely, not yet seen: trade-off, longer steps raise "
-            "inter-token latency)",
+            "binds, a larger max_num_batched_tokens admits prefills faster (likely, not yet seen: trade-off, longer "
+            "steps raise inter-token latency)",
         ),
         Recommendation(Action.ADD_REPLICA, "if the prefill compute itself binds, more engines share it"),
     ]
