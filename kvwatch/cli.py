@@ -2,8 +2,9 @@
 
 Flags are parsed as strings and validated by ``kvwatch.config.Settings`` together with the
 ``KVWATCH_*`` environment, so a bad flag and a bad env var fail the same way: exit 2, one line.
-``plan`` reads no environment (its flags describe a deployment, not this process): ``kvwatch.plan``
-validates them, with the same exit 2 and one line.
+``plan`` reads no ``KVWATCH_*`` environment (its flags describe a deployment, not this process), only vLLM's
+own ``VLLM_ALLOW_LONG_MAX_MODEL_LEN``, as the server would: ``kvwatch.plan`` validates them, with the same exit 2
+and one line.
 """
 
 from __future__ import annotations
@@ -392,13 +393,18 @@ def _plan(args) -> int:
     except (OSError, ValueError, RecursionError) as e:  # PlanError, JSONDecodeError, UnicodeDecodeError: ValueErrors
         reason = e.strerror if isinstance(e, OSError) and e.strerror else (str(e).splitlines() or [type(e).__name__])[0]
         raise ConfigError(f"invalid setting --model-config ({str(args.model_config)!r}): {reason}") from None
-    flags = {f: getattr(args, f) for f in Deployment.__dataclass_fields__ if f != "prefix_share"}
+    flags = {f: getattr(args, f) for f in Deployment.__dataclass_fields__ if hasattr(args, f)}
     try:
-        p = plan(model, Deployment(**flags))
+        p = plan(model, Deployment(**flags, allow_long_max_model_len=_vllm_allows_long_max_model_len()))
     except PlanError as e:
         raise ConfigError(str(e)) from None
     print(json.dumps(as_dict(p), indent=1) if args.json else render_plan(p))
     return 0
+
+
+def _vllm_allows_long_max_model_len() -> bool:
+    """vLLM's own reading of the variable (vllm/envs.py): "1" or "true", any case, spaces stripped."""
+    return os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "0").strip().lower() in ("1", "true")
 
 
 async def _run(settings: Settings) -> int:

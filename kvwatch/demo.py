@@ -18,6 +18,7 @@ import time
 from aiohttp import web
 
 from kvwatch.app import LISTEN_BACKLOG, Monitor, make_app, make_runner
+from kvwatch.catalog import Bottleneck
 from kvwatch.config import ConfigError, load_settings
 from kvwatch.diagnose import Diagnosis
 
@@ -67,6 +68,30 @@ def _num(x, fmt="{:.0f}") -> str:
     return "-" if x is None else fmt.format(x)
 
 
+def preemptions_text(d: Diagnosis) -> str:
+    """The preemption rate the diagnosis reads (its last samples, not the window's average), and "recovering" when
+    the window still holds preemptions the diagnosis no longer blames (the tour's recovery read "none, high" beside
+    a window average of 85.6/s)."""
+    t = d.signals.throughput
+    recent = (
+        t.preemptions_recent_per_second if t.preemptions_recent_per_second is not None else t.preemptions_per_second
+    )
+    if recent is None:
+        return "-"
+    if d.bottleneck is Bottleneck.KV_CACHE or not t.preemptions_per_second:
+        return f"{recent:.1f}"
+    return f"{recent:.1f} recent, {t.preemptions_per_second:.1f} over the window: recovering"
+
+
+def gap_text(d: Diagnosis) -> str:
+    """The throughput gap as the diagnosis weighs it: the share of the window's intervals with prefill ~0 while
+    generation went on, beside KV-bound evidence; the rates printed beside it are the window's averages."""
+    share = d.signals.throughput.gap_fraction
+    if d.bottleneck is not Bottleneck.KV_CACHE or not share:
+        return ""
+    return f"<- THROUGHPUT GAP: prefill ~0 in {share:.0%} of intervals"
+
+
 def render_engine(d: Diagnosis, stall: float, risk: float) -> list[str]:
     s = d.signals
     lines = [
@@ -75,9 +100,9 @@ def render_engine(d: Diagnosis, stall: float, risk: float) -> list[str]:
         f"    requests   running {_num(s.queue.running)}  waiting {_num(s.queue.waiting)}"
         f"  est. max concurrency {_num(s.capacity.estimated_max_concurrency, '{:.1f}')}"
         + (f"  max_num_seqs {d.max_num_seqs[0]} ({d.max_num_seqs[1]})" if d.max_num_seqs else ""),
-        f"    tokens/s   prompt {_num(s.throughput.prompt_tokens_per_second)}  generation {_num(s.throughput.generation_tokens_per_second)}"
-        f"  {'<- THROUGHPUT GAP' if s.throughput.gap else ''}",
-        f"    preemptions/s {_num(s.throughput.preemptions_per_second, '{:.1f}')}   tokens/step {_num(s.throughput.engine_step_tokens)}",
+        f"    tokens/s   prompt {_num(s.throughput.prompt_tokens_per_second)}  generation "
+        f"{_num(s.throughput.generation_tokens_per_second)}  (window averages)  {gap_text(d)}",
+        f"    preemptions/s {preemptions_text(d)}   tokens/step {_num(s.throughput.engine_step_tokens)}",
     ]
     for e in d.evidence:
         lines.append(f"    - {e}")
@@ -93,7 +118,7 @@ def plain_line(elapsed: float, phase: str, d: Diagnosis) -> str:
     return (
         f"[{elapsed:6.1f}s] sim phase {phase:<14} engine {d.engine}: {d.bottleneck:<13} {d.confidence:<6} "
         f"KV {kv:>4}, running {_num(s.queue.running)}, waiting {_num(s.queue.waiting)}, "
-        f"preemptions/s {_num(s.throughput.preemptions_per_second, '{:.1f}')}{top}"
+        f"preemptions/s {preemptions_text(d)}{top}"
     )
 
 

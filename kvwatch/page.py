@@ -35,6 +35,7 @@ GRAFANA_HEX = {
     "text": "#9fa7b3",
     "green": "#73bf69",
     "blue": "#5794f2",
+    "light-blue": "#8ab8ff",
     "yellow": "#fade2a",
     "light-orange": "#ffb357",
     "orange": "#ff9830",

@@ -90,6 +90,7 @@ FLAGS: dict[Action, str] = {
     Action.ENABLE_PREFIX_CACHING: "--cache-reuse (prompt caching is on by default)",
     Action.REDUCE_MAX_MODEL_LEN: "--ctx-size / --parallel (each slot's context)",
     Action.RAISE_GPU_MEMORY_UTILIZATION: "--ctx-size (and --n-gpu-layers)",
+    Action.RAISE_KV_CACHE_MEMORY_BYTES: "--ctx-size",
     Action.RAISE_MAX_NUM_SEQS: "--parallel",
     Action.LOWER_MAX_NUM_SEQS: "--parallel",
     Action.RAISE_MAX_NUM_BATCHED_TOKENS: "--batch-size / --ubatch-size",

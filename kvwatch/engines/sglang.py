@@ -171,6 +171,7 @@ FLAGS: dict[Action, str] = {
     Action.ENABLE_PREFIX_CACHING: "radix cache (drop --disable-radix-cache)",
     Action.REDUCE_MAX_MODEL_LEN: "--context-length",
     Action.RAISE_GPU_MEMORY_UTILIZATION: "--mem-fraction-static",
+    Action.RAISE_KV_CACHE_MEMORY_BYTES: "--mem-fraction-static (SGLang sizes the pool by fraction)",
     Action.RAISE_MAX_NUM_SEQS: "--max-running-requests",
     Action.LOWER_MAX_NUM_SEQS: "--max-running-requests",
     Action.RAISE_MAX_NUM_BATCHED_TOKENS: "--chunked-prefill-size / --max-prefill-tokens",

@@ -169,6 +169,7 @@ FLAGS: dict[Action, str] = {
     Action.ENABLE_PREFIX_CACHING: "kv_cache_config.enable_block_reuse",
     Action.REDUCE_MAX_MODEL_LEN: "--max_seq_len",
     Action.RAISE_GPU_MEMORY_UTILIZATION: "--kv_cache_free_gpu_memory_fraction",
+    Action.RAISE_KV_CACHE_MEMORY_BYTES: "kv_cache_config.max_tokens",
     Action.RAISE_MAX_NUM_SEQS: "--max_batch_size",
     Action.LOWER_MAX_NUM_SEQS: "--max_batch_size",
     Action.RAISE_MAX_NUM_BATCHED_TOKENS: "--max_num_tokens",
