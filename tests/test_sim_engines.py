@@ -40,6 +40,18 @@ def shows(engine: str) -> set[str]:
 # stall rule's max(5 s, 3 intervals) without progress, as for a wedged engine.
 _ASLEEP = {"serving": ("none", 6.0), "asleep": ("stalled", 10.0)}
 
+_TRTLLM = {
+    "asleep": _ASLEEP,
+    "gpu_asleep": _ASLEEP,
+    "max_loras": {"max_loras": ("none", 6.0)},
+    "gpu_max_loras": {"max_loras": ("none", 6.0)},
+    "kv_transfer": {"kv_transfer": ("none", 6.0)},
+    "gpu_kv_transfer": {"kv_transfer": ("none", 6.0)},
+    "token_budget": {"token_budget": ("none", 6.0)},
+    "gpu_token_budget": {"token_budget": ("none", 6.0)},
+    "tour": {**CASES["tour"][1], "token_budget": ("none", 6.0)},
+}
+
 # Per engine, the presets whose expected verdicts differ from vLLM's (tests/helpers/sim_judge.CASES), and why.
 OVERRIDES: dict[str, dict[str, dict[str, tuple[str, float]]]] = {
     # SGLang shows no sleep state and no LoRA queue: the LoRA-bound queue is a queue with room: none.
@@ -51,29 +63,9 @@ OVERRIDES: dict[str, dict[str, dict[str, tuple[str, float]]]] = {
     },
     # trtllm-serve: no sleep state, no LoRA queue, no KV-transfer stages; its queue there has room: none. No step
     # data read, and its token counters move as requests end (EngineSnapshot.tokens_at_request_end): no step budget.
-    "trtllm": {
-        "asleep": _ASLEEP,
-        "gpu_asleep": _ASLEEP,
-        "max_loras": {"max_loras": ("none", 6.0)},
-        "gpu_max_loras": {"max_loras": ("none", 6.0)},
-        "kv_transfer": {"kv_transfer": ("none", 6.0)},
-        "gpu_kv_transfer": {"kv_transfer": ("none", 6.0)},
-        "token_budget": {"token_budget": ("none", 6.0)},
-        "gpu_token_budget": {"token_budget": ("none", 6.0)},
-        "tour": {**CASES["tour"][1], "token_budget": ("none", 6.0)},
-    },
-    # Triton's TensorRT-LLM backend: trtllm-serve's blind spots, and no token counters (no step budget).
-    "triton-trtllm": {
-        "asleep": _ASLEEP,
-        "gpu_asleep": _ASLEEP,
-        "max_loras": {"max_loras": ("none", 6.0)},
-        "gpu_max_loras": {"max_loras": ("none", 6.0)},
-        "kv_transfer": {"kv_transfer": ("none", 6.0)},
-        "gpu_kv_transfer": {"kv_transfer": ("none", 6.0)},
-        "token_budget": {"token_budget": ("none", 6.0)},
-        "gpu_token_budget": {"token_budget": ("none", 6.0)},
-        "tour": {**CASES["tour"][1], "token_budget": ("none", 6.0)},
-    },
+    "trtllm": _TRTLLM,
+    # Triton's TensorRT-LLM backend: the same blind spots, and no token counters at all.
+    "triton-trtllm": _TRTLLM,
     # llama.cpp: no KV gauge, no step data, no LoRA queue, no P/D, no sleep state. Its slots are the simulated
     # max_num_seqs and a request waits (deferred) only when every slot is busy (kvwatch.sim.exposition_llamacpp).
     "llamacpp": {
