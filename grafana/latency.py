@@ -59,7 +59,9 @@ def slo_attainment(histograms: list[str], variable: str) -> str:
 TTFT_SLO = slo_attainment(
     engine_histograms("vllm:time_to_first_token_seconds", Hist.TIME_TO_FIRST_TOKEN_SECONDS), "ttft_slo"
 )
-ITL_SLO = slo_attainment(engine_histograms("vllm:inter_token_latency_seconds", Hist.INTER_TOKEN_LATENCY_SECONDS), "itl_slo")
+ITL_SLO = slo_attainment(
+    engine_histograms("vllm:inter_token_latency_seconds", Hist.INTER_TOKEN_LATENCY_SECONDS), "itl_slo"
+)
 
 
 def quantile_panel(title: str, metric: str, what: str, todo: str, extra: list[tuple[str, str, str]] = ()) -> JSON:
