@@ -20,7 +20,7 @@ echo "   vLLM python: $KVWATCH_E2E_PYTHON (setup $(( $(date +%s) - start )) s)"
 
 echo "== e2e: pytest -m e2e tests/e2e"
 set +e
-"$PROJECT_PY" -m pytest -m e2e tests/e2e -p no:cacheprovider -v -ra --tb=short --durations=0 --durations-min=1 "$@"
+"$PROJECT_PY" -m pytest -m e2e tests/e2e -p no:cacheprovider -v -ra --no-skips --tb=short --durations=0 --durations-min=1 "$@"
 rc=$?
 set -e
 echo "== e2e: exit $rc after $(( $(date +%s) - start )) s; artefacts in artifacts/e2e/"

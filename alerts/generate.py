@@ -78,6 +78,8 @@ def page_problems() -> list[str]:
                 continue
             if f"and on (job, instance, target, model_name, engine) {CONFIDENCE_GATE}" not in expr:
                 problems.append(f"{rule['alert']} pages on kvwatch's diagnosis without requiring {CONFIDENCE_GATE}")
+            if Bottleneck.UNDETERMINED in expr:  # it names no limit: never a page
+                problems.append(f"{rule['alert']} pages on bottleneck {Bottleneck.UNDETERMINED}")
     return problems
 
 
@@ -90,7 +92,8 @@ def vocabulary_problems() -> list[str]:
     runbooks = RUNBOOKS.read_text()
     problems = [f"unknown bottleneck {b!r}" for b in sorted(set(re.findall(r'bottleneck="([a-z_]+)"', text)) - set(Bottleneck))]
     for b in Bottleneck:
-        if b.severity > Bottleneck.NONE.severity and b is not Bottleneck.UNREACHABLE:  # unreachable: kvwatch_up == 0
+        # unreachable: kvwatch_up == 0; undetermined names no limit (requests wait, too little history): no alert
+        if b.severity > Bottleneck.NONE.severity and b not in (Bottleneck.UNREACHABLE, Bottleneck.UNDETERMINED):
             if f'kvwatch_bottleneck{{bottleneck="{b}"}}' not in text:
                 problems.append(f"no alert on kvwatch_bottleneck{{bottleneck=\"{b}\"}}")
     ranked = re.findall(r'vector\((\d+)\), "action", "([a-z0-9_]+)"', text)

@@ -3,13 +3,14 @@
     python -m bench                   # everything (~15 min on 2 cores); prints a table
     python -m bench --quick           # tiny configuration (~1 min), for the smoke test
     python -m bench --json            # the same figures as JSON on stdout (the table goes to stderr)
-    python -m bench --only cycle,scaling --check 0.4
-                                      # CI: exit 1 if a cycle/parse-baseline ratio exceeds 0.4
+    python -m bench --only cycle,memory,fanin --check
+                                      # CI (make bench-check): exit 1 if a figure is past its gate (GATES)
 
 Sections (bench/README.md explains each method): cycle (cycle / parse-baseline on three payloads),
 scaling (1x / 4x / 16x), memory (RSS of a real ``kvwatch run``), fanin (targets polled on schedule at
 1 Hz on one core), detect (KV-bound onset to kvwatch_bottleneck{bottleneck="kv_cache"} == 1), logs (peak RSS of
-``kvwatch logs -`` on a 1 GiB log through a pipe vs a tenth of it).
+``kvwatch logs -`` on a 1 GiB log through a pipe vs a tenth of it), report (``kvwatch report`` of a 1-hour recording
+at 1 Hz vs a plain ``diagnose --replay`` of it, and its HTML's size).
 
     python -m bench fuzz --cases N [--seed S]   # the parser under fuzzing (bench/fuzz.py), not a timed section
     python -m bench soak --minutes M --hz H     # RSS slope, fds, tasks and lateness over a long run (bench/soak.py)
@@ -19,14 +20,33 @@ scaling (1x / 4x / 16x), memory (RSS of a real ``kvwatch run``), fanin (targets 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
 import sys
 import time
 
-SECTIONS = ("cycle", "scaling", "memory", "fanin", "detect", "logs")
-GOALS = {"ratio": 0.2, "peak_rss_mib": 64.0, "fanin": 200, "detect_intervals": 2.0}
+SECTIONS = ("cycle", "scaling", "memory", "fanin", "detect", "logs", "report")
+GOALS = {"ratio": 0.2, "peak_rss_mib": 64.0, "fanin": 200, "detect_intervals": 2.0, "report_ratio": 1.5}
+# What --check (make bench-check, on this project's shared 2-core machines) fails on: each goal with its margin.
+# - ratio: the cycle and its baseline alternate body by body in one process, so the machine's load moves the ratio
+#   little (+-0.03). THE GOAL IS MISSED TODAY: (a) reads 0.26-0.30 where the code of cedbb0a read 0.14-0.15 in the
+#   same minutes (parse 1.0-1.2 ms against 0.82: more families kept; kvwatch's own /metrics 1.3 ms against 0.9: 140
+#   lines against 113, through prometheus_client's OpenMetrics writer; the rest 0.6 ms). The gate, 0.35, is the
+#   worst reading plus 0.05: it holds today's cost and fails one a sixth dearer, until the goal is met again. (The
+#   old gate, 0.4, let the doubling through.)
+# - peak RSS: a process's memory is the same on a busy machine, except that scrapes time out under load (at the
+#   memory run's 25-ms deadline: 50-640 of them at loads of 5-11), and each timeout replaces the target's httpx
+#   client. Under those loads the run read 64.6-65.0 MiB (2,000 and 10,000 cycles; flat from half way; 0.1.0 read
+#   59.0 on a quiet machine, and an idle `kvwatch run` has grown from ~50 to 55.5 MiB since). 4 MiB over the goal
+#   covers that churn; a kvwatch holding 8 MiB more reads 72 and fails.
+# - targets per core: on schedule (the goal) is a quiet machine's figure, since lateness on a shared core is the
+#   machine's; the check gates kvwatch's cost instead: the scrapes answered per second of kvwatch's CPU time at 1 Hz,
+#   at the goal's 200 targets, must cover 200 targets (<= 5 ms of CPU a scrape). A starved kvwatch batches its
+#   work and read cheaper per scrape, not dearer (298 per core at load 5-6, 414 at 7-11); on a quiet core 200
+#   targets took 79 % of it at 0.1.0 (253 per core). A kvwatch spending 6 ms more a scrape reads 14 and fails.
+GATES = {"ratio": 0.35, "peak_rss_mib": GOALS["peak_rss_mib"] + 4.0, "targets_per_core": GOALS["fanin"]}
 
 
 def _machine() -> dict:
@@ -102,19 +122,21 @@ def run_scaling(quick: bool) -> dict:
     return out
 
 
-def run_memory(quick: bool) -> dict:
+def run_memory(quick: bool, check: bool = False) -> dict:
     from bench.memory import measure
 
-    cycles = 200 if quick else 10_000
+    # the check's peak: the history rings are allocated at start and the window is bounded, so the peak is
+    # reached early; the slope (reported, not gated) wants the full run
+    cycles = 200 if quick else 2_000 if check else 10_000
     _log(f"memory: kvwatch run, {cycles} cycles of (a) + (b)")
     return measure(cycles=cycles)
 
 
-def run_fanin(quick: bool) -> dict:
+def run_fanin(quick: bool, check: bool = False) -> dict:
     from bench.fanin import measure
     from bench.procs import payload_server
 
-    ladder = [20] if quick else [100, 200, 300, 400, 500, 600, 700, 800]
+    ladder = [20] if quick else [GOALS["fanin"]] if check else [100, 200, 300, 400, 500, 600, 700, 800]
     seconds, warmup = (4.0, 3.0) if quick else (20.0, 6.0)
     levels = []
     with payload_server(fanin=max(ladder), cpu=0) as srv:
@@ -148,6 +170,14 @@ def run_logs(quick: bool) -> dict:
     big, json_big = (4 << 20, 4 << 20) if quick else (1 << 30, 256 << 20)
     _log(f"logs: kvwatch logs - on {big >> 20} MiB and {big >> 20} / 10 MiB of log through a pipe (and --json)")
     return measure(big, json_big)
+
+
+def run_report(quick: bool) -> dict:
+    from bench.report import measure
+
+    snapshots, rounds = (300, 1) if quick else (3600, 3)
+    _log(f"report: kvwatch report vs diagnose --replay of {snapshots} snapshots, {rounds} rounds")
+    return measure(snapshots, rounds)
 
 
 def _fmt(x, nd=3) -> str:
@@ -210,17 +240,18 @@ def table(res: dict) -> str:
             f"fan-in at 1 Hz on one core: **{r['max_on_schedule']} targets** on schedule (goal >= 200); "
             f"{r['seconds_per_level']:.0f} s measured per level",
             "",
-            "| targets | on schedule | missed ticks | errors | lateness p50 ms | p99 ms | max ms | CPU (of one core) | peak RSS MiB |",
-            "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+            "| targets | on schedule | missed ticks | errors | lateness p50 ms | p99 ms | max ms | CPU (of one core) "
+            "| targets per core | peak RSS MiB |",
+            "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for lv in r["levels"]:
             if "error" in lv:
-                lines.append(f"| {lv['targets']} | no: {lv['error']} | | | | | | | |")
+                lines.append(f"| {lv['targets']} | no: {lv['error']} | | | | | | | | |")
                 continue
             lines.append(
                 f"| {lv['targets']} | {'yes' if lv['on_schedule'] else 'no'} | {lv['missed_ticks']} | {lv['errors']:.0f} "
                 f"| {_fmt(lv['jitter_p50_ms'], 1)} | {_fmt(lv['jitter_p99_ms'], 1)} | {_fmt(lv['jitter_max_ms'], 1)} "
-                f"| {lv['cpu_core_fraction']:.0%} | {lv['peak_rss_mib']:.1f} |"
+                f"| {lv['cpu_core_fraction']:.0%} | {_fmt(lv['targets_per_core'], 0)} | {lv['peak_rss_mib']:.1f} |"
             )
         lines.append("")
     if "detect" in res:
@@ -241,9 +272,40 @@ def table(res: dict) -> str:
             f"{j['small_peak_rss_mib']:.1f} MiB at {j['small_bytes'] / 2**20:.1f} MiB, ratio **{j['ratio']:.3f}**",
             "",
         ]
+    if "report" in res:
+        r = res["report"]
+        lines += [
+            f"report: kvwatch report of {r['snapshots']} snapshots (3 stages) vs diagnose --replay of the same directory: "
+            f"{r['report_s']:.2f} s vs {r['replay_s']:.2f} s, ratio **{r['ratio']:.3f}** (max {r['ratio_max']:.3f} over "
+            f"{r['rounds']} rounds; goal <= 1.5), HTML **{r['html_bytes'] / 2**20:.2f} MiB** (goal < 2)",
+            "",
+        ]
     for section, err in res.get("errors", {}).items():
         lines += [f"{section}: not measured ({err})", ""]
     return "\n".join(lines)
+
+
+def gate_failures(res: dict, gates: dict = GATES) -> list[str]:
+    """The figures of a run past their gates (GATES), one sentence each; a gated section that could not be measured
+    fails too."""
+    out = []
+    ratios = {k: v["ratio"] for k, v in res.get("cycle", {}).items()}
+    ratios.update({f"scaling {k}": v["ratio"] for k, v in res.get("scaling", {}).items()})
+    over = {k: round(v, 3) for k, v in ratios.items() if not v <= gates["ratio"]}
+    if over:
+        out.append(f"cycle/parse-baseline above {gates['ratio']:g} (goal {GOALS['ratio']:g}): {over}")
+    if "memory" in res and not res["memory"]["peak_rss_mib"] <= gates["peak_rss_mib"]:
+        out.append(f"peak RSS of kvwatch run {res['memory']['peak_rss_mib']:.1f} MiB, above {gates['peak_rss_mib']:g} "
+                   f"(goal {GOALS['peak_rss_mib']:g})")
+    if "fanin" in res:
+        level = next((lv for lv in res["fanin"]["levels"] if lv["targets"] == GOALS["fanin"]), {})
+        per_core = level.get("targets_per_core")
+        if per_core is None or not per_core >= gates["targets_per_core"]:
+            out.append(f"targets per core at 1 Hz, measured at {GOALS['fanin']} targets: {per_core or level.get('error')}, "
+                       f"below {gates['targets_per_core']} (goal {GOALS['fanin']} on schedule)")
+    for section, err in res.get("errors", {}).items():
+        out.append(f"{section}: not measured ({err})")
+    return out
 
 
 def soak_main(argv: list[str]) -> int:
@@ -281,7 +343,9 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="tiny configuration (smoke test)")
     p.add_argument("--json", action="store_true", help="print JSON on stdout (the table on stderr)")
     p.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections: {', '.join(SECTIONS)}")
-    p.add_argument("--check", type=float, metavar="RATIO", help="exit 1 if a cycle/parse-baseline ratio exceeds RATIO")
+    p.add_argument("--check", action="store_true",
+                   help="exit 1 if a figure is past its gate (GATES: each goal with a shared machine's margin); "
+                        "memory runs 2,000 cycles and fan-in the goal's 200 targets only")
     args = p.parse_args(argv)
     only = [s.strip() for s in args.only.split(",") if s.strip()]
     bad = [s for s in only if s not in SECTIONS]
@@ -292,10 +356,11 @@ def main(argv=None) -> int:
     runners = {
         "cycle": run_cycle,
         "scaling": run_scaling,
-        "memory": run_memory,
-        "fanin": run_fanin,
+        "memory": functools.partial(run_memory, check=args.check),
+        "fanin": functools.partial(run_fanin, check=args.check),
         "detect": run_detect,
         "logs": run_logs,
+        "report": run_report,
     }
     for section in SECTIONS:
         if section in only:
@@ -313,14 +378,18 @@ def main(argv=None) -> int:
         print(json.dumps(res, indent=1))
     else:
         print(text)
-    if args.check is not None:
-        ratios = {k: v["ratio"] for k, v in res.get("cycle", {}).items()}
-        ratios.update({f"scaling {k}": v["ratio"] for k, v in res.get("scaling", {}).items()})
-        over = {k: round(v, 3) for k, v in ratios.items() if v > args.check}
-        if over:
-            print(f"bench: cycle/parse-baseline above {args.check}: {over}", file=sys.stderr)
+    if args.check:
+        failures = gate_failures(res)
+        for f in failures:
+            print(f"bench: {f}", file=sys.stderr)
+        if failures:
             return 1
-        print(f"bench: every cycle/parse-baseline ratio is within {args.check}", file=sys.stderr)
+        if "report" in res and not res["report"]["ok"]:  # the report's own goals (bench/report.py)
+            r = res["report"]
+            print(f"bench: report/replay {r['ratio']:.3f} (goal <= 1.5) or HTML {r['html_bytes']} bytes (< 2 MiB)",
+                  file=sys.stderr)
+            return 1
+        print(f"bench: every figure measured is within its gate: {GATES}", file=sys.stderr)
     return 1 if failed else 0
 
 

@@ -5,7 +5,10 @@ One ``kvwatch run`` process polls two targets on the local payload server: (a) t
 payload and (b) the 8 engines x 2 models payload (both gzip, captures in order, looping). To reach
 10,000 cycles in minutes it runs with a short interval (``--interval 0.03 --timeout 0.025
 --window 0.06``): the window then keeps (window + 1 s) / interval = ~35 points per engine, about three
-times what the default ``--interval 1 --window 10`` keeps, so the figure errs high. kvwatch's own
+times what the default ``--interval 1 --window 10`` keeps, so the figure errs high. ``--history`` is 900
+intervals (27 s), so the status page's rings hold the 901 rows a ring holds at the defaults (``--history 900
+--interval 1``): the default 900 s at 0.03 s would allocate 30,001 rows a ring, ~45 MiB for (b)'s 16 engines,
+which no default run holds (the peak read 107 MiB with it, under load 7-11). kvwatch's own
 ``/metrics`` is fetched once a second meanwhile, as Prometheus would. A cycle is one request the
 server answered; the run ends when both targets have had ``cycles`` of them (the two polls are
 spread apart, so either may be one behind at any instant); RSS (VmRSS) is sampled twice a second from
@@ -20,12 +23,15 @@ import time
 from bench.procs import get, kvwatch_run, payload_server, rss_kib
 from kvwatch.window import _slope  # the least-squares slope kvwatch's KV trend uses
 
+HISTORY_INTERVALS = 900  # the default --history (900 s) over the default --interval (1 s): rows a ring holds
+
 
 def measure(cycles: int = 10_000, interval: float = 0.03, timeout: float = 0.025, window: float = 0.06) -> dict:
     samples: list[tuple[int, int, int]] = []  # (cycles b, cycles a, rss KiB)
     with payload_server() as srv:
         targets = [srv + "/a/metrics", srv + "/b/metrics"]
-        flags = ("--interval", str(interval), "--timeout", str(timeout), "--window", str(window))
+        flags = ("--interval", str(interval), "--timeout", str(timeout), "--window", str(window),
+                 "--history", f"{HISTORY_INTERVALS * interval:g}")
         with kvwatch_run(targets, *flags) as (proc, kv):
             started = time.monotonic()
             last_scrape = 0.0

@@ -21,6 +21,7 @@ __all__ = [
     "FAMILIES",
     "FLAG_LIMITS",
     "KvPressure",
+    "ReportThresholds",
     "ScrapeReason",
     "Source",
     "Thresholds",
@@ -34,6 +35,7 @@ class Bottleneck(StrEnum):
 
     IDLE = "idle"
     NONE = "none"
+    UNDETERMINED = "undetermined"
     ASLEEP = "asleep"
     TOKEN_BUDGET = "token_budget"
     KV_TRANSFER = "kv_transfer"
@@ -67,7 +69,15 @@ _BOTTLENECK_INFO: dict[Bottleneck, tuple[str, str, str]] = {
     Bottleneck.NONE: (
         "serving, no queue",
         "green",
-        "serving, no queue building; or requests wait and no limit is identified yet (the evidence says why)",
+        "serving, no queue building: nothing waits, or a request caught between arrival and admission, or arrivals "
+        "between steps at the batch's scale",
+    ),
+    # Not a limit: it never pages (alerts/generate.py --check), and its confidence is always low.
+    Bottleneck.UNDETERMINED: (
+        "undetermined",
+        "light-blue",
+        "requests wait and no limit can be named yet: too little history (the evidence says what is missing and "
+        "how long until kvwatch can tell), or no limit shows; never pages",
     ),
     Bottleneck.ASLEEP: (
         "asleep",
@@ -121,6 +131,7 @@ class Action(StrEnum):
     ENABLE_PREFIX_CACHING = "enable_prefix_caching"
     REDUCE_MAX_MODEL_LEN = "reduce_max_model_len"
     RAISE_GPU_MEMORY_UTILIZATION = "raise_gpu_memory_utilization"
+    RAISE_KV_CACHE_MEMORY_BYTES = "raise_kv_cache_memory_bytes"
     RAISE_MAX_NUM_SEQS = "raise_max_num_seqs"
     LOWER_MAX_NUM_SEQS = "lower_max_num_seqs"
     RAISE_MAX_NUM_BATCHED_TOKENS = "raise_max_num_batched_tokens"
@@ -140,6 +151,7 @@ _ACTION_INFO: dict[Action, str] = {
     Action.ENABLE_PREFIX_CACHING: "store shared prompt prefixes once",
     Action.REDUCE_MAX_MODEL_LEN: "stop a few long requests holding most of the KV cache",
     Action.RAISE_GPU_MEMORY_UTILIZATION: "give the KV cache more of the device memory",
+    Action.RAISE_KV_CACHE_MEMORY_BYTES: "a larger KV cache where a flag pins its size in bytes",
     Action.RAISE_MAX_NUM_SEQS: "more sequences per step when KV has room",
     Action.LOWER_MAX_NUM_SEQS: "fewer sequences, so each has room to grow (no preemption)",
     Action.RAISE_MAX_NUM_BATCHED_TOKENS: "a larger per-step budget admits prefills faster",
@@ -198,8 +210,8 @@ _CONFIDENCE_MEANING = {
         "its maximum without step data, a budget inferred from the step size, KV room from the prompt's share or from what one request holds"
     ),
     Confidence.LOW: (
-        "a likely limit, or none: the pattern rests on a log's 10-s averages only, the next request is assumed as "
-        "large as a running one, or requests wait and no limit was identified"
+        "a likely limit, or undetermined: the pattern rests on a log's 10-s averages or on one sample of a young "
+        "queue, the next request is assumed as large as a running one, or requests wait and no limit was identified"
     ),
 }
 
@@ -325,6 +337,14 @@ class Thresholds:
     # (hybrid models: MiaAI-Lab/GLM-5.3-Flash-EXL3-2x-DGX-Sparks#122, ~90k pool tokens per 2.4k-token request): the
     # next request needs that much free, not its prompt.
     fixed_footprint_ratio: float = 4.0
+    # A young queue (fewer samples than a pattern rule needs) already names its likely limit, at low confidence,
+    # where one sample shows it: Running at a round number (a multiple of one of round_ceiling_multiples, at least
+    # round_ceiling_min: what people pass as --max-num-seqs, 256 and 1024 vLLM's defaults) with KV usage at most
+    # guess_kv_room (a quarter of the cache free: a KV-bound ramp reads ~0.88 the record before it preempts,
+    # tests/fixtures/logs/v1_dp2_preemptions.log); or prefill filling the steps while Running climbs.
+    round_ceiling_min: int = 16
+    round_ceiling_multiples: tuple[int, ...] = (16, 50)
+    guess_kv_room: float = 0.75
     # A single request caught between arrival and admission is not a queue.
     brief_queue_requests: float = 2.0
     # Nor, at GPU scale, a queue this small a share of Running when no rule above names a limit: ~60 running at
@@ -651,7 +671,7 @@ FAMILIES: tuple[Family, ...] = (
         "gauge",
         (*ENGINE, "limit"),
         "sequences",
-        "Sequences the engine holds at the observed lengths, per limit (kv_cache, max_num_seqs, token_budget).",
+        f"Sequences the engine holds at the observed lengths, per limit ({', '.join(CAPACITY_LIMITS)}).",
         doc=f"sequences each limit ({_states(CAPACITY_LIMITS)}) lets the engine hold at the observed lengths "
         "(see Autoscaling); a limit whose inputs are unknown is absent",
     ),
@@ -687,3 +707,19 @@ _BY_NAME = {f.name: f for f in FAMILIES}
 
 def family(name: str) -> Family:
     return _BY_NAME[name]
+
+
+@dataclass(frozen=True, slots=True)
+class ReportThresholds:
+    """The cut-offs ``kvwatch report`` judges a benchmark stage by."""
+
+    # A limit binds a stage when it is the verdict for at least this share of the stage's snapshots: a
+    # stage's ramp-up and drain read "serving, no queue" for a few seconds at any load.
+    binding_share: float = 0.25
+    # Mean prefix-cache hit ratio over a stage from which reused prompts inflate its throughput (vLLM's
+    # benchmark guide: a repeated run against one server reuses cached prompts; vary --seed or restart).
+    prefix_cache_caution: float = 0.5
+    # Scrapes further apart than this many intervals are a gap in the recording (failed or missed scrapes).
+    gap_intervals: float = 2.5
+    # A stage less covered than this by the recording is said to lie (partly) outside it.
+    min_coverage: float = 0.8

@@ -1,9 +1,10 @@
-"""Command line: ``kvwatch [run|diagnose|record|sim|demo|logs|plan] ...``.
+"""Command line: ``kvwatch [run|diagnose|record|report|sim|demo|logs|plan] ...``.
 
 Flags are parsed as strings and validated by ``kvwatch.config.Settings`` together with the
 ``KVWATCH_*`` environment, so a bad flag and a bad env var fail the same way: exit 2, one line.
-``plan`` reads no environment (its flags describe a deployment, not this process): ``kvwatch.plan``
-validates them, with the same exit 2 and one line.
+``plan`` reads no ``KVWATCH_*`` environment (its flags describe a deployment, not this process), only vLLM's
+own ``VLLM_ALLOW_LONG_MAX_MODEL_LEN``, as the server would: ``kvwatch.plan`` validates them, with the same exit 2
+and one line.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from kvwatch.redact import SecretFilter, redact_url
 from kvwatch.scrape import ScrapeError
 from kvwatch.state import NoEngineMetrics, Target, TargetDiagnosis
 
-SUBCOMMANDS = ("run", "diagnose", "record", "sim", "demo", "logs", "plan")
+SUBCOMMANDS = ("run", "diagnose", "record", "report", "sim", "demo", "logs", "plan")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -169,6 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     for p in (run, diag, rec):
         _env_and_default(p)
+    sub.add_parser("report", help="an HTML/Markdown report of a recording and benchmark runs", add_help=False)
     sub.add_parser("sim", help="the built-in vLLM simulator (kvwatch sim --help)", add_help=False)
     sub.add_parser("demo", help="simulator + sidecar + live view (kvwatch demo --help)", add_help=False)
     sub.add_parser("logs", help="diagnose from vLLM's own log (kvwatch logs --help)", add_help=False)
@@ -391,13 +393,18 @@ def _plan(args) -> int:
     except (OSError, ValueError, RecursionError) as e:  # PlanError, JSONDecodeError, UnicodeDecodeError: ValueErrors
         reason = e.strerror if isinstance(e, OSError) and e.strerror else (str(e).splitlines() or [type(e).__name__])[0]
         raise ConfigError(f"invalid setting --model-config ({str(args.model_config)!r}): {reason}") from None
-    flags = {f: getattr(args, f) for f in Deployment.__dataclass_fields__ if f != "prefix_share"}
+    flags = {f: getattr(args, f) for f in Deployment.__dataclass_fields__ if hasattr(args, f)}
     try:
-        p = plan(model, Deployment(**flags))
+        p = plan(model, Deployment(**flags, allow_long_max_model_len=_vllm_allows_long_max_model_len()))
     except PlanError as e:
         raise ConfigError(str(e)) from None
     print(json.dumps(as_dict(p), indent=1) if args.json else render_plan(p))
     return 0
+
+
+def _vllm_allows_long_max_model_len() -> bool:
+    """vLLM's own reading of the variable (vllm/envs.py): "1" or "true", any case, spaces stripped."""
+    return os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "0").strip().lower() in ("1", "true")
 
 
 async def _run(settings: Settings) -> int:
@@ -425,6 +432,10 @@ def main(argv: list[str] | None = None) -> int:
         from kvwatch.demo import main as demo_main
 
         return demo_main(argv[1:])
+    if argv and argv[0] == "report":
+        from kvwatch.report import main as report_main
+
+        return report_main(argv[1:])
     if argv and argv[0] == "logs":
         from kvwatch.logs import main as logs_main
 

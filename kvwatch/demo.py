@@ -18,6 +18,7 @@ import time
 from aiohttp import web
 
 from kvwatch.app import LISTEN_BACKLOG, Monitor, make_app, make_runner
+from kvwatch.catalog import Bottleneck
 from kvwatch.config import ConfigError, load_settings
 from kvwatch.diagnose import Diagnosis
 
@@ -37,6 +38,11 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="None of these flags has an environment variable.",
     )
     p.add_argument("--scenario", default="tour", help="simulator preset (default tour: every state in turn)")
+    p.add_argument(
+        "--engine",
+        default="vllm",
+        help="the engine the simulator speaks: vllm, sglang, trtllm, triton-trtllm, llamacpp (default vllm)",
+    )
     p.add_argument("--speed", type=float, default=4.0, help="simulated seconds per real second (default 4)")
     p.add_argument("--seed", type=int, default=1, help="the simulator's random seed: same seed, same run (default 1)")
     p.add_argument("--listen", default="127.0.0.1:9847", help="where kvwatch serves (default 127.0.0.1:9847)")
@@ -62,6 +68,30 @@ def _num(x, fmt="{:.0f}") -> str:
     return "-" if x is None else fmt.format(x)
 
 
+def preemptions_text(d: Diagnosis) -> str:
+    """The preemption rate the diagnosis reads (its last samples, not the window's average), and "recovering" when
+    the window still holds preemptions the diagnosis no longer blames (the tour's recovery read "none, high" beside
+    a window average of 85.6/s)."""
+    t = d.signals.throughput
+    recent = (
+        t.preemptions_recent_per_second if t.preemptions_recent_per_second is not None else t.preemptions_per_second
+    )
+    if recent is None:
+        return "-"
+    if d.bottleneck is Bottleneck.KV_CACHE or not t.preemptions_per_second:
+        return f"{recent:.1f}"
+    return f"{recent:.1f} recent, {t.preemptions_per_second:.1f} over the window: recovering"
+
+
+def gap_text(d: Diagnosis) -> str:
+    """The throughput gap as the diagnosis weighs it: the share of the window's intervals with prefill ~0 while
+    generation went on, beside KV-bound evidence; the rates printed beside it are the window's averages."""
+    share = d.signals.throughput.gap_fraction
+    if d.bottleneck is not Bottleneck.KV_CACHE or not share:
+        return ""
+    return f"<- THROUGHPUT GAP: prefill ~0 in {share:.0%} of intervals"
+
+
 def render_engine(d: Diagnosis, stall: float, risk: float) -> list[str]:
     s = d.signals
     lines = [
@@ -70,9 +100,9 @@ def render_engine(d: Diagnosis, stall: float, risk: float) -> list[str]:
         f"    requests   running {_num(s.queue.running)}  waiting {_num(s.queue.waiting)}"
         f"  est. max concurrency {_num(s.capacity.estimated_max_concurrency, '{:.1f}')}"
         + (f"  max_num_seqs {d.max_num_seqs[0]} ({d.max_num_seqs[1]})" if d.max_num_seqs else ""),
-        f"    tokens/s   prompt {_num(s.throughput.prompt_tokens_per_second)}  generation {_num(s.throughput.generation_tokens_per_second)}"
-        f"  {'<- THROUGHPUT GAP' if s.throughput.gap else ''}",
-        f"    preemptions/s {_num(s.throughput.preemptions_per_second, '{:.1f}')}   tokens/step {_num(s.throughput.engine_step_tokens)}",
+        f"    tokens/s   prompt {_num(s.throughput.prompt_tokens_per_second)}  generation "
+        f"{_num(s.throughput.generation_tokens_per_second)}  (window averages)  {gap_text(d)}",
+        f"    preemptions/s {preemptions_text(d)}   tokens/step {_num(s.throughput.engine_step_tokens)}",
     ]
     for e in d.evidence:
         lines.append(f"    - {e}")
@@ -88,14 +118,16 @@ def plain_line(elapsed: float, phase: str, d: Diagnosis) -> str:
     return (
         f"[{elapsed:6.1f}s] sim phase {phase:<14} engine {d.engine}: {d.bottleneck:<13} {d.confidence:<6} "
         f"KV {kv:>4}, running {_num(s.queue.running)}, waiting {_num(s.queue.waiting)}, "
-        f"preemptions/s {_num(s.throughput.preemptions_per_second, '{:.1f}')}{top}"
+        f"preemptions/s {preemptions_text(d)}{top}"
     )
 
 
 def _print_addresses(args, sim_url: str, base: str) -> None:
     # The status page first: the one address to open.
     print(f"kvwatch demo: open {base}/ in a browser: the live status page")
-    print(f"  simulated vLLM ({args.scenario}, speed x{args.speed:g}) at {sim_url}")
+    from kvwatch.sim.expositions import by_name
+
+    print(f"  simulated {by_name(args.engine).title} ({args.scenario}, speed x{args.speed:g}) at {sim_url}")
     print(f"  kvwatch metrics:   {base}/metrics")
     print(f"  kvwatch diagnosis: {base}/api/v1/diagnosis")
     print("  Ctrl-C to stop.\n", flush=True)
@@ -105,9 +137,9 @@ async def run_demo(args) -> int:
     from kvwatch.sim import SimServer
 
     try:
-        sim = SimServer(args.scenario, host="127.0.0.1", port=0, seed=args.seed, speed=args.speed)
+        sim = SimServer(args.scenario, host="127.0.0.1", port=0, seed=args.seed, speed=args.speed, engine=args.engine)
     except (ValueError, OSError) as e:
-        raise ConfigError(f"invalid setting --scenario/--speed: {e}") from None
+        raise ConfigError(f"invalid setting --scenario/--speed/--engine: {e}") from None
     async with sim:
         settings = load_settings(target=[sim.url], listen=args.listen, interval=args.interval, window=args.window)
         monitor = Monitor(settings)

@@ -16,8 +16,10 @@ How vLLM's V1 scheduler admits a waiting request, and so what each bottleneck lo
 
 vLLM's ``num_requests_waiting_by_reason{reason="capacity"}`` does not say which of these it is; the
 1-second prompt-throughput gap alone does not either (it shows under any gated admission), so the
-rules weigh KV usage and preemptions first. No limit is named by elimination: when none shows, the answer
-is ``none`` with what could not be seen, and every verdict says how sure it is (``Confidence``).
+rules weigh KV usage and preemptions first. No limit is named by elimination: when requests wait and none shows,
+the answer is ``undetermined`` (never ``none``, which says the server is fine) with what could not be seen and,
+for a young queue, how long until kvwatch can tell; where one sample already shows the likely limit, it is
+named at low confidence. Every verdict says how sure it is (``Confidence``).
 
 The rules are ``RULES``, an ordered tuple of small functions ``(signals, hints, thresholds) -> Verdict |
 None``: the first verdict wins. A verdict carries facts; ``SENTENCES`` turns them into evidence, in one place.
@@ -215,6 +217,20 @@ SENTENCES: dict[str, str] = {
     "small_queue": "{waiting!n} waiting with {running!n} running, under {share:.0%} of Running: arrivals between steps "
     "at this scale, no limit binding",
     "queue_just_formed": "{waiting!n} waiting with {running!n} running: a queue has just formed, no limit named yet",
+    "too_young": (
+        "too little history to name a limit ({need}): {more} more sample{plural} of the queue{seconds_text} until "
+        "kvwatch can tell"
+    ),
+    "round_ceiling": (
+        "{waiting!n} requests waiting while Running is at {running!n}, a round number as a --max-num-seqs is, with "
+        "KV room: likely the sequence ceiling (no hint given)"
+    ),
+    "prefill_climb": (
+        "{waiting!n} requests waiting while Running climbs to {running!n} (window mean {mean!n}) and prefill fills "
+        "the steps: ~{step!n} tokens per step estimated from {prompt!n} prompt and {gen!n} generation tokens/s: "
+        "prefill likely paces admission"
+    ),
+    "draining": "at that rate the queue is admitted in ~{seconds:.0f} s",
     "no_step_ended": (
         "{waiting!n} waiting with {running!n} running and no engine step finished in the last {span:.0f} s "
         "(a long prefill reports nothing until it completes): no limit named yet"
@@ -278,7 +294,7 @@ def _rejection_facts(s: Signals, bottleneck: Bottleneck) -> list[Fact]:
     reasons = ", ".join(f"{reason} {rate:.1f}/s" for reason, rate in rates)
     behind = (
         f"that {bottleneck.label} builds"
-        if bottleneck.severity > Bottleneck.NONE.severity
+        if bottleneck.severity > Bottleneck.UNDETERMINED.severity
         else "before it builds: no limit is named behind it"
     )
     return [("rejecting", {"rate": sum(r for _, r in rates), "reasons": reasons, "behind": behind})]
@@ -420,8 +436,8 @@ def kv_transfer(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
     fact = ("kv_fetch_waiting", {"fetching": fetching, "waiting": waiting, "transfer_text": transfer_text} | numbers)
     why = (
         "requests wait for their KV, not for this engine: more prefill engines (or faster ones) if loads wait to "
-        "start, a faster connector path (RDMA/NIXL transport, larger transfer buffers) if they are slow in progress; "
-        "this engine's flags change nothing"
+        "start, a faster connector path ({flag}: RDMA/NIXL transport, larger transfer buffers) if they are slow in "
+        "progress; this engine's flags change nothing"
     )
     recs = [Recommendation(Action.SCALE_PREFILL_SIDE, why)]
     reason = "vLLM counts most of the queue as waiting for remote KV loads"
@@ -440,7 +456,8 @@ def all_deferred(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
     if deferred < _waiting(s):
         return None
     fact = ("all_deferred", {"waiting": _waiting(s)})
-    return Verdict(Bottleneck.NONE, [fact], reason="vLLM counts every waiting request as deferred")
+    reason = "vLLM counts every waiting request as deferred; neither full LoRA slots nor KV loads show why"
+    return Verdict(Bottleneck.UNDETERMINED, [fact], confidence=LOW, reason=reason)
 
 
 _KV_REASONS = {
@@ -579,7 +596,7 @@ def full_steps(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
     recs = [
         Recommendation(
             Action.RAISE_MAX_NUM_BATCHED_TOKENS,
-            f"steps are full at ~{_n(step)} tokens; a larger budget admits prefills faster "
+            f"steps are full at ~{_n(step)} tokens; a larger max_num_batched_tokens admits prefills faster "
             "(trade-off: longer steps raise inter-token latency for running requests)",
         ),
         Recommendation(Action.ADD_REPLICA, "more engines share the prefill load"),
@@ -624,12 +641,18 @@ def brief_wait(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
 
 
 def queue_just_formed(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
-    """A queue's first sample names nothing but KV: at 1-s scrapes KV usage lags admission by a step, so a
-    KV-bound queue can look roomy for a sample, and stray arrivals leave one."""
+    """A queue's first sample names no limit but KV with confidence: at 1-s scrapes KV usage lags admission by a
+    step, so a KV-bound queue can look roomy for a sample, and stray arrivals leave one. What one sample shows is
+    named at low confidence (``_likely_limit``); else it is undetermined, and says how long until kvwatch can tell."""
     if s.queue.waiting_streak >= th.min_queue_samples:
         return None
-    fact = ("queue_just_formed", {"waiting": _waiting(s), "running": _running(s)})
-    return Verdict(Bottleneck.NONE, [fact], confidence=LOW, reason="the queue has just formed")
+    if _small_for_batch(s, th):  # arrivals between steps, at any age
+        return small_queue(s, hints, th)
+    guess = _likely_limit(s, hints, th)
+    if guess is not None:
+        return guess
+    facts = [("queue_just_formed", {"waiting": _waiting(s), "running": _running(s)}), _too_young(s, hints, th)]
+    return Verdict(Bottleneck.UNDETERMINED, facts, confidence=LOW, reason="the queue has just formed")
 
 
 def no_step_ended(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
@@ -639,7 +662,7 @@ def no_step_ended(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
     if s.throughput.steps_per_second != 0.0:
         return None
     fact = ("no_step_ended", {"waiting": _waiting(s), "running": _running(s), "span": s.span_seconds})
-    return Verdict(Bottleneck.NONE, [fact], confidence=LOW, reason="no engine step ended in the window")
+    return Verdict(Bottleneck.UNDETERMINED, [fact], confidence=LOW, reason="no engine step ended in the window")
 
 
 def steps_nearly_full(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
@@ -663,7 +686,7 @@ def steps_nearly_full(s: Signals, hints: Hints, th: Thresholds) -> Verdict | Non
             "full": full,
         },
     )
-    return Verdict(Bottleneck.NONE, [fact], confidence=LOW, reason="engine steps within one step of full")
+    return Verdict(Bottleneck.UNDETERMINED, [fact], confidence=LOW, reason="engine steps within one step of full")
 
 
 def running_plateau(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
@@ -694,7 +717,9 @@ def prefill_paced(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
     """No step data, and prompt throughput steady near its window maximum while requests wait with KV and
     sequence room: prefill paces admission, so the per-step budget (or the prefill compute) binds. The budget
     itself is not observed, and the evidence says so."""
-    steady = None if s.throughput.engine_step_tokens is not None else _prefill_steady(s, th)
+    if s.throughput.engine_step_tokens is not None or s.throughput.tokens_at_request_end:
+        return None  # steps are observed (full_steps' to judge), or prompt tokens counted as requests end
+    steady = _prefill_steady(s, th)
     room = None if steady is None else _sequence_room(s, hints, th)
     if steady is None or room is None:
         return None
@@ -713,8 +738,9 @@ def prefill_paced(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
         Recommendation(
             Action.RAISE_MAX_NUM_BATCHED_TOKENS,
             f"prefill holds at ~{_n(steady.high)} tokens/s while requests wait; if the per-step budget binds, a "
-            "larger one admits prefills faster (not observed: enable --enable-logging-iteration-details or read "
-            "vllm:iteration_tokens_total; trade-off: longer steps raise inter-token latency)",
+            "larger max_num_batched_tokens admits prefills faster (not observed: enable "
+            "--enable-logging-iteration-details or read vllm:iteration_tokens_total; trade-off: longer steps raise "
+            "inter-token latency)",
         ),
         Recommendation(Action.ADD_REPLICA, "if the prefill compute itself binds, more engines share it"),
     ]
@@ -725,12 +751,98 @@ def prefill_paced(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
     return Verdict(Bottleneck.TOKEN_BUDGET, facts, recs, confidence=MEDIUM, reason=reason)
 
 
+def _small_for_batch(s: Signals, th: Thresholds) -> bool:
+    return _waiting(s) < th.small_queue_share * _running(s)
+
+
+def _likely_limit(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
+    """A young queue (fewer samples than the pattern rules need) whose latest sample already shows its likely limit,
+    named at low confidence by the rules that would otherwise say undetermined: Running at a round number with KV
+    room (600 running, 4,475 waiting: a --max-num-seqs 600), or prefill filling the steps while Running climbs (206
+    waiting at ~30k prompt tokens/s). Not on a queue small for the batch (``small_queue``'s), nor while no engine
+    step ends, nor with the KV cache filling."""
+    if s.queue.waiting_streak >= _samples_to_tell(s, hints, th) or s.throughput.steps_per_second == 0.0:
+        return None
+    kv = s.kv.recent_max
+    if kv is None or kv > th.guess_kv_room or _small_for_batch(s, th):
+        return None
+    # a climb first: Running passes round numbers on its way up (vllm#37307: 10, 16, 22, 28, 34 running at a steady
+    # 24k prompt tokens/s, 90 -> 66 waiting, KV 19 -> 65 %)
+    return _prefill_climb(s, hints, th) or _round_ceiling(s, hints, th)
+
+
+def _round_ceiling(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
+    running = _running(s)
+    if hints.max_num_seqs or running < th.round_ceiling_min or running < (s.queue.running_max_waiting or 0.0):
+        return None
+    if not any(running % m == 0 for m in th.round_ceiling_multiples):
+        return None
+    facts = [("round_ceiling", {"waiting": _waiting(s), "running": running}), _kv_room(s), _too_young(s, hints, th)]
+    reason = "one sample of a young queue: Running at a round number with KV room (pass --max-num-seqs to confirm)"
+    return Verdict(
+        Bottleneck.MAX_NUM_SEQS, facts, seqs_recommendations(s, int(running), th), confidence=LOW, reason=reason
+    )
+
+
+def _prefill_climb(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
+    t, running, mean = s.throughput, _running(s), s.queue.running_mean or 0.0
+    if t.engine_step_tokens is not None or not _prefill_fills_steps(s, hints, th):
+        return None  # step data, where it exists, shows whether the budget binds (full_steps)
+    if running - mean <= max(th.trend_band_requests, th.plateau_tolerance * running):
+        return None
+    numbers = {"prompt": t.prompt_tokens_per_second, "gen": t.generation_tokens_per_second}
+    values = {"waiting": _waiting(s), "running": running, "mean": mean, "step": _estimated_step_tokens(s)} | numbers
+    facts = [("prefill_climb", values), _kv_room(s), _too_young(s, hints, th)]
+    recs = [
+        Recommendation(
+            Action.RAISE_MAX_NUM_BATCHED_TOKENS,
+            f"prefill runs at ~{_n(t.prompt_tokens_per_second)} tokens/s while requests wait; if the per-step budget "
+            "binds, a larger max_num_batched_tokens admits prefills faster (likely, not yet seen: trade-off, longer "
+            "steps raise inter-token latency)",
+        ),
+        Recommendation(Action.ADD_REPLICA, "if the prefill compute itself binds, more engines share it"),
+    ]
+    reason = "one sample of a young queue: prefill fills the steps while Running climbs (the budget not observed)"
+    return Verdict(Bottleneck.TOKEN_BUDGET, facts, recs, confidence=LOW, reason=reason)
+
+
+def _samples_to_tell(s: Signals, hints: Hints, th: Thresholds) -> int:
+    """Samples of the queue before every pattern rule has had what it needs: a Running plateau (no hint), prefill
+    steady over its spans (no step data; at the samples' spacing), and min_queue_samples in any case."""
+    need = [th.min_queue_samples]
+    if not hints.max_num_seqs:
+        need.append(th.plateau_samples)
+    if s.throughput.engine_step_tokens is None:
+        interval = _interval(s)  # unknown from one sample: a sample a span at least
+        per_span = math.ceil(th.prefill_span_seconds / interval - 1e-9) if interval else 1
+        need.append(th.prefill_min_spans * per_span + 1)
+    return max(need)
+
+
+def _interval(s: Signals) -> float | None:
+    return s.span_seconds / (s.samples - 1) if s.samples > 1 and s.span_seconds > 0 else None
+
+
+def _too_young(s: Signals, hints: Hints, th: Thresholds) -> Fact:
+    """What is missing to name a limit, and how long until kvwatch can tell (at the samples' spacing)."""
+    more = max(1, _samples_to_tell(s, hints, th) - s.queue.waiting_streak)
+    need = []
+    if not hints.max_num_seqs:
+        need.append(f"a Running plateau takes {th.plateau_samples} samples with a queue")
+    if s.throughput.engine_step_tokens is None:
+        need.append(f"steady prefill {th.prefill_min_spans} spans of {th.prefill_span_seconds:g} s")
+    interval = _interval(s)
+    seconds_text = f" (~{more * interval:.0f} s)" if interval else ""
+    values = {"need": "; ".join(need) or "the queue must persist", "more": more, "plural": "" if more == 1 else "s"}
+    return ("too_young", values | {"seconds_text": seconds_text})
+
+
 def small_queue(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
     """A queue under ``small_queue_share`` of Running that no rule above explains: at GPU scale the arrivals
     between two steps; naming a limit on it would be by elimination."""
-    waiting, running = _waiting(s), _running(s)
-    if not running or waiting >= th.small_queue_share * running:
+    if not _small_for_batch(s, th):
         return None
+    waiting, running = _waiting(s), _running(s)
     fact = ("small_queue", {"waiting": waiting, "running": running, "share": th.small_queue_share})
     return Verdict(
         Bottleneck.NONE, [fact], confidence=MEDIUM, reason="a queue small for the batch: arrivals between steps"
@@ -742,13 +854,22 @@ def admission_in_progress(s: Signals, hints: Hints, th: Thresholds) -> Verdict |
     admitting = _admitting(s, th)
     if admitting is None:
         return None
-    reason = "requests are being admitted: Running rises as Waiting falls"
-    return Verdict(Bottleneck.NONE, [_admitting_fact(admitting), _kv_room(s)], confidence=MEDIUM, reason=reason)
+    guess = _likely_limit(s, hints, th)
+    if guess is not None:
+        return guess
+    facts = [_admitting_fact(admitting), _kv_room(s)]
+    if admitting[2] > 0:
+        facts.append(("draining", {"seconds": _waiting(s) / admitting[2]}))
+    reason = "requests are being admitted (Running rises as Waiting falls) and no limit shows yet"
+    return Verdict(Bottleneck.UNDETERMINED, facts, confidence=LOW, reason=reason)
 
 
 def no_limit_identified(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
     """The queue persists and no rule above found a limit: say so, and what kvwatch could not see, rather
-    than name one by elimination."""
+    than name one by elimination; a young queue's likely limit, where one sample shows it, at low confidence."""
+    guess = _likely_limit(s, hints, th)
+    if guess is not None:
+        return guess
     facts: list[Fact] = [("no_limit", {"waiting": _waiting(s), "running": _running(s)}), _kv_room(s)]
     checked = []
     if not hints.max_num_seqs:
@@ -766,7 +887,9 @@ def no_limit_identified(s: Signals, hints: Hints, th: Thresholds) -> Verdict | N
         unseen.append("the KV capacity in tokens")
     if unseen:
         facts.append(("unseen", {"what": ", ".join(unseen)}))
-    return Verdict(Bottleneck.NONE, facts, confidence=LOW, reason="requests wait, no limit identified")
+    if s.queue.waiting_streak < _samples_to_tell(s, hints, th):
+        facts.append(_too_young(s, hints, th))
+    return Verdict(Bottleneck.UNDETERMINED, facts, confidence=LOW, reason="requests wait, no limit identified")
 
 
 RULES: tuple[Rule, ...] = (
@@ -1051,7 +1174,8 @@ def seqs_recommendations(s: Signals, ceiling: int, th: Thresholds) -> list[Recom
         )
     else:
         why = (
-            f"Running is pinned at {ceiling} with KV room to spare (more sequences per step raise inter-token latency)"
+            f"Running is pinned at max_num_seqs={ceiling} with KV room to spare (more sequences per step raise "
+            "inter-token latency)"
         )
     return [
         Recommendation(Action.RAISE_MAX_NUM_SEQS, why),
@@ -1095,7 +1219,7 @@ def _cache_config_advice(s: Signals, hints: Hints, th: Thresholds):
     if c is not None and c.enable_prefix_caching is False:
         yield Recommendation(
             Action.ENABLE_PREFIX_CACHING,
-            "prefix caching is off: shared prompt prefixes are stored once and skip prefill",
+            "prefix caching is off: {flag} stores shared prompt prefixes once, and they skip prefill",
         )
     max_len = hints.max_model_len or (c.max_model_len if c else None)
     usage, running = s.kv.usage_ratio or 0.0, _running(s)
@@ -1114,9 +1238,9 @@ def _cache_config_advice(s: Signals, hints: Hints, th: Thresholds):
         )
     if c is not None and c.kv_cache_memory_bytes:
         yield Recommendation(
-            Action.RAISE_GPU_MEMORY_UTILIZATION,
+            Action.RAISE_KV_CACHE_MEMORY_BYTES,
             f"the KV cache is pinned at {c.kv_cache_memory_bytes / 2**20:.0f} MiB by --kv-cache-memory-bytes, "
-            "which overrides --gpu-memory-utilization: raise it if the device has memory left",
+            "which overrides --gpu-memory-utilization: raise {flag} if the device has memory left",
         )
     elif (
         c is not None
@@ -1143,5 +1267,8 @@ def _preemption_advice(s: Signals) -> Recommendation:
             "avoids the recompute"
         )
     else:
-        why = f"{rate:.1f} preemptions/s throw away computed KV; fewer concurrent sequences leave each one room to grow"
+        why = (
+            f"{rate:.1f} preemptions/s throw away computed KV; a lower max_num_seqs (fewer concurrent sequences) "
+            "leaves each one room to grow"
+        )
     return Recommendation(Action.LOWER_MAX_NUM_SEQS, why)

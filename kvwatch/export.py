@@ -22,7 +22,17 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from kvwatch import __version__
-from kvwatch.catalog import ENGINE, FAMILIES, Action, Bottleneck, Confidence, Family, KvPressure, ScrapeReason
+from kvwatch.catalog import (
+    CAPACITY_LIMITS,
+    ENGINE,
+    FAMILIES,
+    Action,
+    Bottleneck,
+    Confidence,
+    Family,
+    KvPressure,
+    ScrapeReason,
+)
 from kvwatch.diagnose import Diagnosis
 from kvwatch.snapshot import KV_FETCH_STAGES, MAX_LABEL_CHARS, MAX_REJECTION_REASONS
 from kvwatch.state import Target
@@ -137,7 +147,7 @@ _LABEL_VALUES = {
     "action": len(Action),
     "source": 1,
     "engine_type": 1,  # kvwatch_target_info: the one engine a target is read as
-    "limit": 3,  # kvwatch_capacity_sequences: kv_cache, max_num_seqs, token_budget (kvwatch/capacity.py)
+    "limit": len(CAPACITY_LIMITS),  # kvwatch_capacity_sequences: one per limit kvwatch/capacity.py reports
 }
 _STATE_VALUES = {"kvwatch_kv_cache_pressure": len(KvPressure), "kvwatch_lora_adapters": 2}
 # Per-family label counts where a label name means different things (reason: scrape errors vs admission).

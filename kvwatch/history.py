@@ -29,6 +29,7 @@ __all__ = [
     "Ring",
     "TARGET_FIELDS",
     "TargetHistory",
+    "engine_row",
     "parse_seconds",
 ]
 
@@ -100,7 +101,7 @@ def _json(v: float) -> float | None:
     return None if math.isnan(v) else round(v, 4)
 
 
-def _engine_row(t: float, d: Diagnosis) -> tuple[float | None, ...]:
+def engine_row(t: float, d: Diagnosis) -> tuple[float | None, ...]:
     s = d.signals
     ttft = s.latency.quantiles.get(Hist.TIME_TO_FIRST_TOKEN_SECONDS, {}).get(0.99)
     return (
@@ -148,7 +149,7 @@ class TargetHistory:
                 if ring is None:
                     self._make_room(t)
                     ring = self.engines[key] = Ring(ENGINE_FIELDS, self.samples)
-                ring.append(_engine_row(t, e))
+                ring.append(engine_row(t, e))
         self._forget(t)
 
     def _forget(self, now: float) -> None:

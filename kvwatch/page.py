@@ -35,6 +35,7 @@ GRAFANA_HEX = {
     "text": "#9fa7b3",
     "green": "#73bf69",
     "blue": "#5794f2",
+    "light-blue": "#8ab8ff",
     "yellow": "#fade2a",
     "light-orange": "#ffb357",
     "orange": "#ff9830",
@@ -45,7 +46,7 @@ GRAFANA_HEX = {
 }
 _TYPES = {".css": "text/css", ".js": "text/javascript", ".html": "text/html"}
 # The page's own files only; nothing else of the package is served.
-ASSETS = ("page.css", "page.js")
+ASSETS = ("page.css", "charts.js", "page.js")
 # Nothing but kvwatch itself: a page that loaded a script from elsewhere would not work air-gapped.
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "

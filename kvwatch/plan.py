@@ -336,6 +336,8 @@ class Deployment:
     prompt_tokens: int | None = None
     output_tokens: int | None = None
     prefix_share: float = 0.0  # share of each prompt that is a prefix every request shares (what-if only)
+    # vLLM's VLLM_ALLOW_LONG_MAX_MODEL_LEN: a --max-model-len past config.json's derived maximum starts (with a warning)
+    allow_long_max_model_len: bool = False
 
     @property
     def workload(self) -> int | None:
@@ -530,6 +532,13 @@ def _max_model_len(model: Model, d: Deployment) -> int:
     length = d.max_model_len or model.derived_max_model_len
     if length is None:
         raise PlanError("config.json gives no maximum length (max_position_embeddings): give --max-model-len")
+    derived = model.derived_max_model_len
+    if derived and length > derived and not d.allow_long_max_model_len:
+        # vLLM's _get_and_verify_max_len (vllm/config/model.py) raises ValueError at start-up unless the env var is set
+        raise PlanError(
+            f"--max-model-len {length:,} exceeds config.json's {model.max_len_key} ({derived:,}): vLLM refuses to "
+            f"start unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 is set (for kvwatch plan too)"
+        )
     if d.workload is not None and d.workload > length:
         raise PlanError(
             f"--prompt-tokens + --output-tokens ({d.workload}) exceed max_model_len ({length}): vLLM rejects such "
@@ -669,7 +678,9 @@ def _notes(model: Model, d: Deployment, cap: Capacity) -> tuple[str, ...]:
         )
     elif model.derived_max_model_len and d.max_model_len > model.derived_max_model_len:
         notes.append(
-            f"--max-model-len exceeds config.json's {model.max_len_key} ({model.derived_max_model_len:,}): vLLM refuses it"
+            f"--max-model-len exceeds config.json's {model.max_len_key} ({model.derived_max_model_len:,}): vLLM starts "
+            "only because VLLM_ALLOW_LONG_MAX_MODEL_LEN=1, and warns that positions past it give NaN (RoPE) or CUDA "
+            "errors"
         )
     if cap.weights_bytes_per_gpu is not None:
         source = (

@@ -173,4 +173,8 @@ class EngineSnapshot:
     # llama.cpp's slot count): the rules use them as vLLM's hints are used.
     max_running_requests: int | None = None
     max_step_tokens: int | None = None
+    # Its token counters move only when a request finishes (TensorRT-LLM's, SGLang's tokenizer-side ones without
+    # realtime_tokens_total, llama.cpp's generated tokens): rates hold over long windows, not step by step, so
+    # prefill pace and the throughput gap cannot be read from them.
+    tokens_at_request_end: bool = False
     folded: int = 0  # the overflow snapshot: how many (model_name, engine) pairs beyond max_engines it holds

@@ -228,6 +228,9 @@ class ThroughputSignals:
     finished_per_second: float | None = None  # requests finished (vllm:request_success, every reason)
     kv_transfer_tokens_per_second: float | None = None  # prompt tokens whose KV came over KV transfer (P/D)
     log_averages: bool = False  # the rates are a log's own interval averages (kvwatch logs), not counter rates
+    # the engine counts tokens only when a request finishes (EngineSnapshot.tokens_at_request_end): no gap is read,
+    # and no prefill pace
+    tokens_at_request_end: bool = False
 
 
 @dataclass(slots=True)
@@ -378,6 +381,9 @@ def summarize(
     s.kv = kv_signals(pts)
     s.queue = queue_signals(pts)
     s.throughput = throughput_signals(pts, measured or Measured())
+    if history.latest is not None and history.latest.tokens_at_request_end:
+        s.throughput.tokens_at_request_end = True
+        s.throughput.gap_fraction, s.throughput.gap = None, False  # a request's end is not a prefill stopping
     s.latency = latency_signals(first, last)
     s.capacity = capacity_signals(history, first, last, s.kv, s.queue)
     _drop_non_finite(s)

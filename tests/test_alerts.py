@@ -403,3 +403,21 @@ def test_check_refuses_a_page_on_the_diagnosis_without_the_confidence_gate(tmp_p
     assert gen.page_problems() == [
         f"KvwatchEngineStalled pages on kvwatch's diagnosis without requiring {gen.CONFIDENCE_GATE}"
     ]
+
+
+def test_check_refuses_a_page_on_undetermined(tmp_path, monkeypatch):
+    """undetermined names no limit (requests wait, too little history): it has no alert of its own, and a critical
+    alert that selects it, gated or not, is refused (issue 25). Its confidence is always low, so the gate alone would
+    drop it too: tests/test_diagnose.py checks that."""
+    import alerts.generate as gen
+
+    alerts = (ALERTS / "kvwatch-alerts.yaml").read_text()
+    paging = alerts.replace('kvwatch_bottleneck{bottleneck="stalled"} == 1', 'kvwatch_bottleneck{bottleneck=~"stalled|undetermined"} == 1')
+    assert paging != alerts and "undetermined" not in alerts
+    for f in gen.SOURCES:
+        (tmp_path / f).write_text((ALERTS / f).read_text())
+    (tmp_path / "kvwatch-alerts.yaml").write_text(paging)
+    monkeypatch.setattr(gen, "HERE", tmp_path)
+    assert gen.page_problems() == ["KvwatchEngineStalled pages on bottleneck undetermined"]
+    monkeypatch.setattr(gen, "HERE", ALERTS)
+    assert gen.vocabulary_problems() == []  # no alert of its own is required either

@@ -77,3 +77,17 @@ def test_the_collector_exports_capacity_and_demand_per_engine():
     (eff,) = fams["kvwatch_capacity_sequences_effective"].samples
     (dem,) = fams["kvwatch_demand_sequences"].samples
     assert eff.value == 2.0 and dem.value > eff.value
+
+
+def test_the_worst_case_counts_every_limit_capacity_can_report():
+    """Issue 25 point 5: export.worst_case counted 3 capacity limits by hand while kvwatch.capacity reports 4 (LoRA
+    slots too). An engine with every limit known reports each one, and the worst case counts them all."""
+    from kvwatch.catalog import CAPACITY_LIMITS, family
+    from kvwatch.export import _series_per_key
+
+    s = Signals(model_name="m", engine="0", t=0.0, samples=2, span_seconds=1.0)
+    s.capacity.estimated_max_concurrency, s.capacity.mean_prompt_tokens, s.capacity.mean_sequence_tokens = 40.0, 300.0, 500.0
+    s.capacity.max_lora, s.capacity.lora_running, s.capacity.lora_waiting, s.queue.running = 2, 2, 3, 12.0
+    reported = capacity_sequences(s, 32, 2048)
+    assert set(reported) == set(CAPACITY_LIMITS)
+    assert _series_per_key(family("kvwatch_capacity_sequences")) == len(reported)

@@ -11,15 +11,20 @@ from datetime import UTC, datetime
 
 import pytest
 
-from kvwatch import cli, demo, logs
+from kvwatch import cli, demo, logs, report
 from kvwatch.config import Settings
 from kvwatch.recording import recording_files
 from kvwatch.sim import cli as sim_cli
 from tests.helpers.ports import free_port
 from tests.helpers.recordings import FIXTURES
 
-ENV_COMMANDS = ("run", "diagnose", "record")  # the commands whose flags are settings (kvwatch.config)
-PARSERS = {"sim": sim_cli.build_parser, "demo": demo.build_parser, "logs": logs.build_parser}
+ENV_COMMANDS = ("run", "diagnose", "record", "report")  # the commands whose flags are settings (kvwatch.config)
+PARSERS = {
+    "sim": sim_cli.build_parser,
+    "demo": demo.build_parser,
+    "logs": logs.build_parser,
+    "report": report.build_parser,
+}
 
 
 @pytest.fixture(autouse=True)

@@ -6,6 +6,7 @@ import pytest
 
 from kvwatch.catalog import Action, Bottleneck, Confidence, Thresholds
 from kvwatch.diagnose import Hints, diagnose_engine
+from kvwatch.engines.vllm import ENGINE as VLLM
 from kvwatch.snapshot import CacheConfig
 from kvwatch.state import Target
 from kvwatch.window import Signals, StreakPoint
@@ -44,15 +45,13 @@ def test_each_capture_is_diagnosed_as_its_folder_says(scenario, with_hints):
         assert d.bottleneck == e.bottleneck
         if e.signals.queue.waiting:
             waiting_moments += 1
-            if e.signals.queue.waiting_streak < 2 and e.bottleneck == "none":
-                # A queue's first sample names no ceiling (no other limit is in sight yet).
-                assert "just formed" in " ".join(e.evidence) and expected_while_waiting == "max_num_seqs"
-                continue
-            if not with_hints and expected_while_waiting == "max_num_seqs" and e.bottleneck == "none":
-                # Without the hint the ceiling is named on a Running plateau only, never by elimination: until
-                # Running has held its maximum over plateau_samples samples, none, and not with high confidence.
-                assert e.signals.queue.waiting_streak < 2 * Thresholds().plateau_samples, (d.timestamp, e.evidence)
-                assert e.confidence != Confidence.HIGH, e.evidence
+            if e.bottleneck == "undetermined":
+                # Never "none" while requests wait. Without the hint the ceiling is named on a Running plateau only,
+                # never by elimination: until the queue has lasted plateau_samples samples it is undetermined, at
+                # low confidence, and says how long until kvwatch can tell (issue 25; issue 27 point 7).
+                young = Thresholds().min_queue_samples if with_hints else Thresholds().plateau_samples
+                assert e.signals.queue.waiting_streak < young, (d.timestamp, e.evidence)
+                assert e.confidence == Confidence.LOW and "until kvwatch can tell" in " ".join(e.evidence), e.evidence
                 continue
             assert e.bottleneck == expected_while_waiting, (d.timestamp, e.evidence)
         else:
@@ -72,7 +71,8 @@ def test_kv_cache_evidence_and_advice_follow_the_config():
     assert "fp8_kv_cache" in actions  # cache_dtype auto
     assert "enable_prefix_caching" not in actions  # it is on
     assert "reduce_max_model_len" not in actions  # 500-token sequences vs 1024 is not "far shorter"
-    assert "raise_gpu_memory_utilization" in actions  # pinned by --kv-cache-memory-bytes
+    # pinned by --kv-cache-memory-bytes, which overrides --gpu-memory-utilization: the advice is that flag's (issue 25)
+    assert "raise_kv_cache_memory_bytes" in actions and "raise_gpu_memory_utilization" not in actions
     assert "lower_max_num_seqs" in actions  # preempting
     assert set(actions) <= set(ACTIONS)
 
@@ -86,18 +86,21 @@ def test_a_dipping_running_gauge_does_not_lower_the_inferred_ceiling():
 
 
 def test_a_queue_is_not_blamed_on_an_inferred_ceiling_before_running_plateaus():
-    """The first sample with a queue says none ("just formed"); the next say no limit is identified (low
-    confidence) until Running has held its maximum over plateau_samples samples; then the inferred ceiling."""
+    """The first sample with a queue is undetermined ("just formed"); the next say no limit is identified (low
+    confidence, undetermined, and how long until kvwatch can tell) until Running has held its maximum over
+    plateau_samples samples; then the inferred ceiling."""
     timeline = replay("max_num_seqs")
     i = next(i for i, d in enumerate(timeline) if d.engines[0].signals.queue.waiting)
     n = Thresholds().plateau_samples
     first, before, plateau = timeline[i].engines[0], timeline[i + 1 : i + n - 1], timeline[i + n - 1].engines[0]
-    assert first.signals.queue.waiting_streak == 1 and first.bottleneck == "none"
+    assert first.signals.queue.waiting_streak == 1 and first.bottleneck == "undetermined"
     assert "a queue has just formed" in first.evidence[0] and first.max_num_seqs is None
-    for d in before:
+    assert f"{n - 1} more samples of the queue (~{n - 1} s) until kvwatch can tell" in first.evidence[1]
+    for k, d in enumerate(before, start=2):
         e = d.engines[0]
-        assert e.bottleneck == "none" and e.confidence == Confidence.LOW and e.max_num_seqs is None
+        assert e.bottleneck == "undetermined" and e.confidence == Confidence.LOW and e.max_num_seqs is None
         assert "requests wait, no limit identified" in e.evidence[0]
+        assert f"{n - k} more sample{'s' if n - k > 1 else ''} of the queue" in " ".join(e.evidence)
     assert plateau.signals.queue.waiting_streak == n and plateau.bottleneck == "max_num_seqs"
     assert plateau.max_num_seqs == (2, "inferred") and plateau.confidence == Confidence.MEDIUM
     assert f"Running held at or near 2 in {n} of the last {n} samples" in plateau.evidence[0]
@@ -192,8 +195,9 @@ def test_stalled_beats_everything_and_idle_is_idle():
 
 
 def test_deferred_waiting_is_not_a_capacity_bottleneck():
+    # not this engine's capacity, and nothing says whose: undetermined, never "none" with 50 waiting
     d = diagnose_engine(_sig(requests_waiting_deferred=50.0, kv_usage_recent_max=0.2, preemptions_per_second=0.0))
-    assert d.bottleneck == "none"
+    assert d.bottleneck == "undetermined" and d.confidence == Confidence.LOW
 
 
 def test_vocabulary_is_the_documented_one():
@@ -226,9 +230,9 @@ def test_stray_arrivals_apart_do_not_name_a_ceiling_by_elimination():
                  preemptions_per_second=0.0, running_mean=6.0, running_recent_max=6.0, running_max_waiting=6.0,
                  running_at_max_samples=3, waiting_samples=3, waiting_recent_min=0.0)
     d = diagnose_engine(_sig(waiting_streak=1, streak=streak([6], [2], 0.1), **stray))
-    assert d.bottleneck == "none" and "just formed" in d.evidence[0]
+    assert d.bottleneck == "undetermined" and "just formed" in d.evidence[0]
     d = diagnose_engine(_sig(waiting_streak=2, streak=streak([6, 6], [2, 2], 0.1, 300.0), **stray))
-    assert d.bottleneck == "none" and d.max_num_seqs is None and d.confidence == Confidence.LOW
+    assert d.bottleneck == "undetermined" and d.max_num_seqs is None and d.confidence == Confidence.LOW
     assert "requests wait, no limit identified" in d.evidence[0]
 
 
@@ -240,7 +244,7 @@ def test_no_ceiling_by_elimination_while_no_engine_step_ends():
                  preemptions_per_second=0.0, running_mean=1.0, running_recent_max=1.0, running_max_waiting=1.0,
                  running_at_max_samples=3, waiting_samples=3, waiting_streak=3, waiting_recent_min=119.0)
     d = diagnose_engine(_sig(steps_per_second=0.0, **queue))
-    assert d.bottleneck == "none" and d.max_num_seqs is None and "no engine step finished" in d.evidence[0]
+    assert d.bottleneck == "undetermined" and d.max_num_seqs is None and "no engine step finished" in d.evidence[0]
     # the first step that ends carries the whole prompt: the token budget, with or without the hint
     first = _sig(steps_per_second=0.2, engine_step_tokens=901.0, **queue)
     assert diagnose_engine(first, Hints(max_num_batched_tokens=256)).bottleneck == "token_budget"
@@ -251,7 +255,7 @@ def test_no_ceiling_by_elimination_while_no_engine_step_ends():
     # limit is named (it was max_num_seqs by elimination before issue 14)
     one = streak([1, 1, 1], [119, 119, 119], 0.03, 0.0)
     d = diagnose_engine(_sig(streak=one, **queue))
-    assert d.bottleneck == "none" and d.confidence == Confidence.LOW and "no limit identified" in d.evidence[0]
+    assert d.bottleneck == "undetermined" and d.confidence == Confidence.LOW and "no limit identified" in d.evidence[0]
 
 
 def test_no_ceiling_by_elimination_while_one_step_could_make_the_steps_full():
@@ -263,7 +267,7 @@ def test_no_ceiling_by_elimination_while_one_step_could_make_the_steps_full():
                  running_at_max_samples=2, waiting_samples=10, waiting_streak=10, waiting_recent_min=108.0)
     lumpy = _sig(engine_step_tokens=175.6, steps_per_second=3.0, step_tokens_max=2048.0, **queue)
     d = diagnose_engine(lumpy, Hints(max_num_batched_tokens=256))
-    assert d.bottleneck == "none" and d.max_num_seqs is None and "within one step" in d.evidence[0], d.evidence
+    assert d.bottleneck == "undetermined" and d.max_num_seqs is None and "within one step" in d.evidence[0], d.evidence
     full = _sig(engine_step_tokens=201.0, steps_per_second=3.0, step_tokens_max=2048.0, **queue)
     assert diagnose_engine(full, Hints(max_num_batched_tokens=256)).bottleneck == "token_budget"
     # a real sequence ceiling: decode steps of ~12 tokens and a 300-token prompt's end now and then, Running held
@@ -288,8 +292,8 @@ def test_a_configured_ceiling_reached_is_seen_not_inferred():
 
 
 def test_one_request_waiting_briefly_is_none_with_medium_confidence():
-    """Poisson traffic leaves a request between arrival and admission now and then: not a queue (medium), unlike a
-    queue that persists with no limit seen (low)."""
+    """Poisson traffic leaves a request between arrival and admission now and then: not a queue (none, medium), unlike
+    a queue that persists with no limit seen (undetermined, low)."""
     brief = dict(requests_waiting=1.0, requests_running=6.0, kv_cache_usage_ratio=0.1, kv_usage_recent_max=0.1,
                  preemptions_per_second=0.0, running_mean=6.0, running_recent_max=6.0, running_max_waiting=6.0,
                  waiting_samples=2, waiting_streak=2, waiting_recent_min=0.0)
@@ -298,4 +302,45 @@ def test_one_request_waiting_briefly_is_none_with_medium_confidence():
     assert d.evidence[0] == "1 request waiting briefly; no limit binding"
     persisting = brief | dict(waiting_recent_min=1.0, waiting_streak=3)
     d = diagnose_engine(_sig(streak=streak([6, 6, 6], [1, 1, 1], 0.1, 300.0), **persisting))
-    assert d.bottleneck == "none" and d.confidence == Confidence.LOW and "no limit identified" in d.evidence[0]
+    assert d.bottleneck == "undetermined" and d.confidence == Confidence.LOW and "no limit identified" in d.evidence[0]
+
+
+def _flag_names(flag: str) -> tuple[str, ...]:
+    """A vLLM flag as a text names it: ``--max-num-seqs`` or its config key ``max_num_seqs``."""
+    cli = flag.split()[0]
+    return (cli, cli.removeprefix("--").replace("-", "_"))
+
+
+def _recommendation_texts():
+    """Every recommendation kvwatch gives on the real captures (with and without hints), the simulator's LoRA and
+    P/D presets, and hand-made signals for the advice the captures never call for."""
+    from kvwatch.sim.scenario import load_scenario
+    from tests.test_diagnose_evidence import climbing, metrics_history
+    from tests.test_new_limits import diagnoses
+
+    ds = [e for sc in HINTS for h in (Hints(), HINTS[sc]) for d in replay(sc, h) for e in d.engines]
+    ds += diagnoses(load_scenario("max_loras"), 24) + diagnoses(load_scenario("kv_transfer"), 24)
+    ds.append(diagnose_engine(metrics_history(climbing())))
+    for cache, hints in [(CacheConfig(cache_dtype="auto", enable_prefix_caching=False), Hints(max_model_len=32768)),
+                         (CacheConfig(gpu_memory_utilization=0.85), Hints()),
+                         (CacheConfig(kv_cache_memory_bytes=2**30), Hints())]:
+        ds.append(diagnose_engine(_sig(cache=cache), hints))
+        ds.append(diagnose_engine(_sig(cache=cache, estimated_max_concurrency=2.0, running_recent_max=6.0), hints))
+    ds.append(diagnose_engine(_sig(stalled_seconds=12.0)))
+    return {(r.action, r.why) for d in ds for r in d.recommendations}
+
+
+def test_every_actions_text_is_about_its_own_flag():
+    """Issue 25 point 3: the --kv-cache-memory-bytes advice was filed under raise_gpu_memory_utilization. Every action
+    is given somewhere, and the first vLLM flag each of its texts names (as a flag or its config key) is the action's
+    own: what the text tells a user to change is what the action, its flag and the page say."""
+    texts = _recommendation_texts()
+    assert {a for a, _ in texts} == set(ACTIONS)
+    flags = {VLLM.flag(a) for a in ACTIONS if "--" in VLLM.flag(a)}
+    for action, why in texts:
+        own = VLLM.flag(action)
+        named = sorted((why.find(n), flag) for flag in flags for n in _flag_names(flag.split(" / ")[-1]) if n in why)
+        if "--" not in own:
+            assert not named, (action, why)  # replicas, restart: no flag of the engine to name
+            continue
+        assert named and named[0][1] == own, (action, own, why)

@@ -101,12 +101,14 @@ def test_1_queue_draining_at_a_steady_prefill_rate_while_running_climbs_is_not_m
 
 def test_1_with_step_data_that_shows_room_in_the_steps_it_is_admission_in_progress():
     """vllm:iteration_tokens_total says the steps carry ~700 of 8192 tokens: the budget does not pace it, nothing
-    binds yet, requests are on their way in."""
+    binds yet, requests are on their way in: undetermined (400 wait: not "none", issue 25), and how long the queue
+    takes to drain at that rate."""
     s = metrics_history(climbing({"steps": 30.0, "step_tokens": 700.0}))
     d = diagnose_engine(s, Hints(max_num_batched_tokens=8192))
     assert deciding_rule(s, Hints(max_num_batched_tokens=8192)) == "admission_in_progress"
-    assert d.bottleneck == Bottleneck.NONE and d.confidence == Confidence.MEDIUM
+    assert d.bottleneck == Bottleneck.UNDETERMINED and d.confidence == Confidence.LOW
     assert "Running rose 40->124 and Waiting fell 500->400 over 10 s: admission in progress at 10.0 requests/s" in d.evidence[0]
+    assert "at that rate the queue is admitted in ~40 s" in text(d)
 
 
 def test_1_in_kvwatch_logs_the_same_climb_is_token_budget_from_the_averages_with_low_confidence():
@@ -114,12 +116,15 @@ def test_1_in_kvwatch_logs_the_same_climb_is_token_budget_from_the_averages_with
     lines = [v1(10 * i, v1_032(0, p, 30.0 * r, r, w, kv, prefix=0.0)) for i, (r, w, kv, p) in enumerate(recs)]
     s = read(lines)
     got = [(r.diagnosis.bottleneck, r.diagnosis.confidence) for r in s.results]
-    # one record: nothing to compare; two: Running rising as Waiting falls; three: prefill steady over two intervals
-    assert got == [("none", "low"), ("none", "medium"), ("token_budget", "low")], [r.diagnosis.evidence for r in s.results]
+    # one record: nothing to compare, undetermined; two: Running climbs while prefill fills the steps, the likely
+    # limit of a young queue (issue 25: it was none, medium); three: prefill steady over two intervals
+    assert got == [("undetermined", "low"), ("token_budget", "low"), ("token_budget", "low")], [r.diagnosis.evidence for r in s.results]
+    assert "2 more samples of the queue until kvwatch can tell" in text(s.results[0].diagnosis)
+    assert "Running climbs to 95 (window mean 68) and prefill fills the steps" in s.results[1].diagnosis.evidence[0]
+    assert "1 more sample of the queue (~10 s) until kvwatch can tell" in text(s.results[1].diagnosis)
     last = s.results[-1]
     assert "log averages only" in last.diagnosis.confidence_reason
     assert "the log has no iteration-detail lines" in text(last.diagnosis)
-    assert "Waiting fell 520->400 over 10 s: admission in progress at 12.0 requests/s or more" in text(s.results[1].diagnosis)
     assert all(r.diagnosis.bottleneck != "max_num_seqs" for r in s.results)  # before issue 14: all three
     assert last.as_dict()["confidence"] == "low" and "log averages only" in last.as_dict()["confidence_reason"]
 
@@ -140,7 +145,7 @@ def test_1_in_kvwatch_logs_iteration_details_showing_room_in_the_steps_name_no_b
     s = read(lines)
     last = s.results[-1].diagnosis
     assert last.signals.throughput.engine_step_tokens == 860 + 150
-    assert last.bottleneck == Bottleneck.NONE and "admission in progress" in last.evidence[0]
+    assert last.bottleneck == Bottleneck.UNDETERMINED and "admission in progress" in last.evidence[0]
 
 
 def lockstep(running):
@@ -192,7 +197,7 @@ def test_2_short_queue_behind_one_running_request_with_kv_nearly_empty_is_no_lim
     d = diagnose_engine(s)
     assert deciding_rule(s) == "no_limit_identified"
     # before issue 14: max_num_seqs (inferred 1) by elimination
-    assert d.bottleneck == Bottleneck.NONE and d.max_num_seqs is None and d.confidence == Confidence.LOW
+    assert d.bottleneck == Bottleneck.UNDETERMINED and d.max_num_seqs is None and d.confidence == Confidence.LOW
     assert d.evidence[0] == "3 waiting with 1 running: requests wait, no limit identified"
     assert "kvwatch could not see" in text(d) and "max_num_seqs (pass --max-num-seqs)" in text(d)
     assert ("tokens per engine step" in text(d)) != steps
@@ -210,7 +215,7 @@ def test_2_in_kvwatch_logs():
     lines = [v1(10 * i, v1_032(0, 0.0, 40.0, 1, 3, 0.021, prefix=0.0)) for i in range(3)]
     s = read(lines)
     for r in s.results:
-        assert r.diagnosis.bottleneck == "none" and r.diagnosis.confidence == "low", r.diagnosis.evidence
+        assert r.diagnosis.bottleneck == "undetermined" and r.diagnosis.confidence == "low", r.diagnosis.evidence
         assert "requests wait, no limit identified" in r.diagnosis.evidence[0]
     # the log's own note: what a log cannot show
     assert any("--enable-logging-iteration-details" in n for n in s.results[-1].notes)
@@ -248,7 +253,7 @@ def test_3_with_the_prompt_lengths_the_prompts_share_makes_it_medium():
 
 def test_3_two_requests_with_room_to_spare_are_not_kv_cache():
     d = diagnose_engine(metrics_history(two_holding(kv=0.30)))
-    assert d.bottleneck == Bottleneck.NONE and d.confidence == Confidence.LOW
+    assert d.bottleneck == Bottleneck.UNDETERMINED and d.confidence == Confidence.LOW
 
 
 def test_3_in_kvwatch_logs_without_and_with_the_capacity_line():
@@ -299,3 +304,78 @@ def test_1_a_peak_at_the_configured_ceiling_earlier_in_the_window_is_not_the_cei
     s = metrics_history(samples)
     d = diagnose_engine(s, Hints(max_num_seqs=32))
     assert s.queue.running_max_waiting == 32 and d.bottleneck != Bottleneck.MAX_NUM_SEQS, text(d)
+
+
+# ------------------------------------------------------------------------------------------- issue 25: never "none"
+
+
+def test_one_record_at_a_round_running_with_kv_room_names_the_likely_ceiling_at_low_confidence():
+    """Issue 25's first miss: a log's first record of a queue, 600 running and 4,475 waiting, KV with room. One record
+    is no plateau, but a round Running is what a --max-num-seqs looks like: max_num_seqs, low, not exported as
+    inferred; 601 running (not round) is undetermined and says how long until kvwatch can tell; KV at 88 % is too
+    full to call a round Running the ceiling."""
+    d = read([v1(0, v1_032(0, 9000.0, 18000.0, 600, 4475, 0.40, prefix=0.0))]).results[0].diagnosis
+    assert (d.bottleneck, d.confidence, d.max_num_seqs) == (Bottleneck.MAX_NUM_SEQS, Confidence.LOW, None), text(d)
+    assert "Running is at 600, a round number" in d.evidence[0] and "until kvwatch can tell" in text(d)
+    assert [r.action for r in d.recommendations] == ["raise_max_num_seqs", "add_replica"]
+    d = read([v1(0, v1_032(0, 9000.0, 18000.0, 601, 4475, 0.40, prefix=0.0))]).results[0].diagnosis
+    assert (d.bottleneck, d.confidence) == (Bottleneck.UNDETERMINED, Confidence.LOW), text(d)
+    assert "more samples of the queue until kvwatch can tell" in text(d)
+    d = read([v1(0, v1_032(0, 9000.0, 18000.0, 600, 4475, 0.88, prefix=0.0))]).results[0].diagnosis
+    assert d.bottleneck == Bottleneck.UNDETERMINED, text(d)
+
+
+def test_a_queue_at_high_prefill_while_running_climbs_names_the_likely_budget_at_low_confidence():
+    """Issue 25's second miss: 206 waiting while prompt throughput sits at ~30k tokens/s and Running climbs (the
+    record before had no queue): token_budget, low, the budget not observed; with Running flat, undetermined."""
+    lines = [v1(0, v1_032(0, 28000.0, 1500.0, 50, 0, 0.10, prefix=0.0)),
+             v1(10, v1_032(0, 30500.0, 2400.0, 95, 206, 0.20, prefix=0.0))]
+    d = read(lines).results[-1].diagnosis
+    assert (d.bottleneck, d.confidence) == (Bottleneck.TOKEN_BUDGET, Confidence.LOW), text(d)
+    assert "Running climbs to 95" in d.evidence[0] and "prefill likely paces admission" in d.evidence[0]
+    assert d.max_num_batched_tokens is None  # not observed: not inferred either
+    flat = [v1(0, v1_032(0, 28000.0, 1500.0, 95, 0, 0.10, prefix=0.0)),
+            v1(10, v1_032(0, 30500.0, 2400.0, 95, 206, 0.20, prefix=0.0))]
+    assert read(flat).results[-1].diagnosis.bottleneck == Bottleneck.UNDETERMINED
+
+
+def test_undetermined_is_always_low_confidence_so_no_page_can_fire_on_it():
+    """The paging alerts require confidence high or medium (alerts/generate.py --check): undetermined never has it."""
+    samples = [one_running(steps=True), one_running(steps=False), climbing({"steps": 30.0, "step_tokens": 700.0})]
+    seen = [diagnose_engine(metrics_history(x[:k]), h) for x in samples for k in range(2, 12)
+            for h in (Hints(), Hints(max_num_batched_tokens=8192))]
+    undetermined = [d for d in seen if d.bottleneck == Bottleneck.UNDETERMINED]
+    assert len(undetermined) >= 20
+    assert all(d.confidence == Confidence.LOW and not d.confidence.pages for d in undetermined)
+
+
+# The figures of stats lines users posted (prompt, generation tokens/s, Running, Waiting, KV usage), one record per
+# 10 s, written in vLLM 0.32's line format: the threads' own words are not copied, their numbers are.
+PUBLIC_THREADS = {
+    # vllm-project/vllm#37307 (a PR's log): 24k prompt tokens/s steady while Running climbs and the queue drains
+    "vllm#37307": ([(23998.2, 18.1, 10, 90, 0.193), (23999.9, 35.4, 16, 84, 0.309), (23999.8, 52.6, 22, 78, 0.425),
+                    (23998.3, 69.6, 28, 72, 0.542), (24000.7, 83.7, 34, 66, 0.654)],
+                   ["undetermined"] + ["token_budget"] * 4),
+    # vllm-project/vllm#43295: 18-21 running, 23-43 waiting, KV 88-98 %
+    "vllm#43295": ([(0.0, 1055.3, 18, 43, 0.959), (0.0, 1226.3, 18, 42, 0.955), (12068.8, 734.9, 18, 33, 0.877),
+                    (18032.5, 589.8, 21, 23, 0.959), (0.0, 1242.7, 20, 23, 0.984)], ["kv_cache"] * 5),
+    # intel/llm-scaler#391: one running request holding 76 % of the KV cache, 14 waiting, for an hour
+    "llm-scaler#391": ([(0.0, 5.4, 1, 14, 0.765), (0.0, 5.4, 1, 14, 0.767), (0.0, 5.5, 1, 14, 0.768)], ["kv_cache"] * 3),
+    # vllm-project/vllm#11517: 1 running, 3 pending, KV 3 % (a LoRA server; the log cannot show the slots)
+    "vllm#11517": ([(0.0, 45.7, 1, 3, 0.031)] * 3, ["undetermined"] * 3),
+    # vllm-project/vllm#2731: 35 running, 115 pending, KV 99 %
+    "vllm#2731": ([(382.6, 118.5, 35, 115, 0.99)], ["kv_cache"]),
+}
+
+
+@pytest.mark.parametrize("thread", sorted(PUBLIC_THREADS))
+def test_public_threads_never_read_none_while_requests_wait(thread):
+    """Issue 25: on users' posted logs every record with requests waiting names a limit or is undetermined (low,
+    saying what it lacks); before, the first records of a queue (and #11517's every record) read "none"."""
+    recs, expected = PUBLIC_THREADS[thread]
+    s = read([v1(10 * i, v1_032(0, p, g, r, w, kv, prefix=0.0)) for i, (p, g, r, w, kv) in enumerate(recs)])
+    got = [r.diagnosis for r in s.results]
+    assert [d.bottleneck for d in got] == expected, [d.evidence for d in got]
+    for d in got:
+        if d.bottleneck == Bottleneck.UNDETERMINED:
+            assert d.confidence == Confidence.LOW and ("kvwatch could not see" in text(d) or "until kvwatch can tell" in text(d))

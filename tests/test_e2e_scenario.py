@@ -7,8 +7,9 @@ import math
 
 from tests.e2e.harness import MODEL_NAME, Sample, Snapshot
 from tests.e2e.scenario import (
-    KVWATCH_TIMEOUT, Row, after_timeout, detection_latency, evaluated_since, kvwatch_window, make_rows,
-    saturated_rows, vllm_rose_within, vllm_step_tokens_bounds, vllm_step_tokens_over,
+    KVWATCH_TIMEOUT, MAX_FAILED_SCRAPE_SHARE, Row, Scrape, after_timeout, detection_in_scrapes, detection_latency,
+    evaluated_since, failed_scrapes, kvwatch_scrapes, kvwatch_window, make_rows, saturated_rows, vllm_rose_within,
+    vllm_step_tokens_bounds, vllm_step_tokens_over,
 )
 
 
@@ -128,3 +129,101 @@ def test_evaluated_since_goes_by_kvwatchs_clock_from_the_diagnosis_read_before()
     assert [evaluated_since(rows, r, 11.0) for r in rows] == [False, False, False, False]
     rows[2].evaluated = None
     assert not evaluated_since(rows, rows[3], 9.5)
+
+
+# -- the detection promise, in kvwatch's own scrapes ----------------------------------------------------------------
+
+
+def burst_reads(bound_until: float = 12.0) -> list[Row]:
+    """The test's reads of vLLM every 0.25 s, each answered 0.05 s after it was asked: idle before t=1, then KV-bound
+    (40 waiting, KV 0.95) until ``bound_until``, then drained."""
+    rows = []
+    for k in range(-8, 52):
+        t = k * 0.25
+        bound = 1.0 <= t < bound_until
+        r = read(t)
+        r.waiting, r.kv, r.preemptions = (40.0, 0.95, 0.0) if bound else (0.0, 0.1, 0.0)
+        rows.append(r)
+    return rows
+
+
+def scrapes(named_from: float | None, failed: tuple[float, ...] = (), start: float = -2.7) -> list[Scrape]:
+    """kvwatch's record: a scrape stamped at 0.3 s past each second, kv_cache from ``named_from`` on."""
+    out = []
+    for k in range(15):
+        t = round(start + k, 3)
+        kv = named_from is not None and t >= named_from
+        out.append(Scrape(t, t not in failed, "unreachable" if t in failed else "kv_cache" if kv else "none"))
+    return out
+
+
+def test_detection_counts_kvwatchs_successful_scrapes_after_the_onset_read():
+    rows = burst_reads()
+    # onset read at 1.0 s (answered 1.05 s); kvwatch's scrapes after it at 1.3, 2.3, 3.3 s may name it
+    d = detection_in_scrapes(rows, scrapes(named_from=2.3))  # the first scrape after still 'none' (mid-step)
+    assert (d["onset_s"], d["onset_read_s"], d["allowed_scrapes"]) == (1.0, 1.05, 3)
+    assert (d["named_at_scrape"], d["named"], d["judged"]) == (2, True, True)
+    assert d["scrapes"][:2] == [(1.3, "none"), (2.3, "kv_cache")]
+    d = detection_in_scrapes(rows, scrapes(named_from=3.3))
+    assert (d["named_at_scrape"], d["named"]) == (3, True)
+
+
+def test_a_late_kvwatch_fails():
+    d = detection_in_scrapes(burst_reads(), scrapes(named_from=4.3))  # its 4th scrape: 3.3 s after the onset
+    assert (d["named_at_scrape"], d["named"], d["judged"]) == (4, False, True)
+    d = detection_in_scrapes(burst_reads(), scrapes(named_from=None))  # never
+    assert (d["named_at_scrape"], d["named"], d["judged"]) == (None, False, True)
+
+
+def test_a_slow_machine_cannot_fail_a_correct_kvwatch():
+    # kvwatch's scrapes time out on a starved machine: its successful ones after the onset come at 1.3, 5.3, 7.3 s,
+    # and it names the onset at the second of them, 4.3 s after the onset read
+    d = detection_in_scrapes(burst_reads(), scrapes(named_from=5.3, failed=(2.3, 3.3, 4.3, 6.3)))
+    assert (d["named_at_scrape"], d["named"], d["judged"]) == (2, True, True)
+    # the same kvwatch a scrape later still names it in time; one more is late
+    d = detection_in_scrapes(burst_reads(), scrapes(named_from=7.3, failed=(2.3, 3.3, 4.3, 6.3)))
+    assert (d["named_at_scrape"], d["named"]) == (3, True)
+    d = detection_in_scrapes(burst_reads(), scrapes(named_from=8.3, failed=(2.3, 3.3, 4.3, 6.3)))
+    assert (d["named_at_scrape"], d["named"], d["judged"]) == (4, False, True)
+
+
+def test_a_scrape_between_the_last_idle_read_and_the_onset_read_may_name_it_first():
+    rows = burst_reads()
+    early = [Scrape(-0.2, True, "none"), Scrape(0.8, True, "kv_cache"), Scrape(1.8, True, "kv_cache")]
+    d = detection_in_scrapes(rows, early)  # 0.8 s: after the read at 0.75 s that found vLLM idle
+    assert (d["named_at_scrape"], d["named"], d["judged"]) == (0, True, True)
+    stale = [Scrape(0.7, True, "kv_cache"), *[Scrape(t, True, "none") for t in (1.7, 2.7, 3.7, 4.7)]]
+    assert not detection_in_scrapes(rows, stale)["named"]  # before that read: not this onset's
+
+
+def test_a_queue_that_drains_before_kvwatchs_allowed_scrapes_is_not_judged():
+    # KV-bound from 1.0 to 3.5 s: kvwatch's 3rd scrape after the onset (3.3 s) may have read vLLM up to 4.1 s
+    d = detection_in_scrapes(burst_reads(bound_until=3.5), scrapes(named_from=None))
+    assert (d["named"], d["judged"]) == (False, False)
+    d = detection_in_scrapes(burst_reads(bound_until=4.5), scrapes(named_from=None))  # read KV-bound at 4.25 s
+    assert (d["named"], d["judged"]) == (False, True)
+    assert detection_in_scrapes([row(0.5, waiting=3, kv=0.4)], scrapes(None))["onset_s"] is None
+
+
+def test_kvwatch_scrapes_reads_the_targets_series_of_its_history():
+    target = "http://127.0.0.1:1/metrics"
+    history = {"targets": [
+        {"target": "http://other/metrics", "series": {"t": [1001.0], "up": [1.0], "bottleneck": ["none"]}},
+        {"target": target, "series": {"t": [1000.5, 1001.5, 1002.5], "up": [1.0, 0.0, 1.0],
+                                      "bottleneck": ["none", "unreachable", "kv_cache"]}, "engines": []},
+    ]}
+    assert kvwatch_scrapes(history, target, 1000.0) == [
+        Scrape(0.5, True, "none"), Scrape(1.5, False, "unreachable"), Scrape(2.5, True, "kv_cache")]
+    assert kvwatch_scrapes(history, "http://absent/metrics", 1000.0) == []
+
+
+def test_failed_scrapes_are_bounded_to_a_fifth_of_the_load():
+    assert MAX_FAILED_SCRAPE_SHARE == 0.2
+    ten = [Scrape(float(t), t not in (3, 7), "none") for t in range(10)]
+    assert failed_scrapes(ten, 0.0, 9.0) is None  # 2 of 10
+    most = [Scrape(float(t), t % 4 == 0, "none") for t in range(-5, 15)]  # 3 in 4 time out
+    assert failed_scrapes(most, -4.0, -4.0) is None  # one good scrape, before the load
+    msg = failed_scrapes(most, 0.0, 9.0)
+    assert msg.startswith("7 of kvwatch's 10 scrapes failed from 0.0 s to 9.0 s of the load (bound 20%")
+    assert "load average " in msg
+    assert failed_scrapes([], 0.0, 9.0).startswith("0 of kvwatch's 0 scrapes")  # no scrape at all fails too

@@ -9,15 +9,20 @@ written_from_source.prom, each file says from which) and on the simulator speaki
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry, generate_latest
 
 from kvwatch.catalog import Action, Bottleneck
 from kvwatch.diagnose import diagnose_engine
-from kvwatch.engines import ENGINES, by_name, detect, keep_any
+from kvwatch.engines import ENGINES, by_name, detect, keep_any, llamacpp, sglang, trtllm, vllm
 from kvwatch.engines.vllm import ENGINE as VLLM
-from kvwatch.parse import parse
+from kvwatch.export import KvwatchCollector
+from kvwatch.parse import ParseError, parse
 from kvwatch.snapshot import Counter, Gauge, Hist
 from kvwatch.state import NoEngineMetrics, Target
 from kvwatch.window import summarize
@@ -29,7 +34,9 @@ SGLANG = (ENGINE_FIXTURES / "sglang" / "written_from_source.prom").read_text()
 TRTLLM = (ENGINE_FIXTURES / "trtllm" / "trtllm_serve_written_from_source.prom").read_text()
 TRTLLM_OLD = (ENGINE_FIXTURES / "trtllm" / "trtllm_serve_unprefixed_written_from_source.prom").read_text()
 TRITON = (ENGINE_FIXTURES / "trtllm" / "triton_written_from_source.prom").read_text()
-LLAMA_SLOTS_FULL = next(p.read_text() for _, p in recording(LLAMACPP / "slot_ceiling") if "requests_deferred 14" in p.read_text())
+LLAMA_SLOTS_FULL = next(
+    p.read_text() for _, p in recording(LLAMACPP / "slot_ceiling") if "requests_deferred 14" in p.read_text()
+)
 BODIES = {
     "vllm": captures("kv_cache")[10],
     "sglang": SGLANG,
@@ -64,7 +71,7 @@ def test_each_engine_is_recognised_from_its_own_families(body):
 
 
 def test_families_of_no_engine_are_recognised_as_none():
-    body = "# TYPE node_cpu_seconds_total counter\nnode_cpu_seconds_total{cpu=\"0\"} 1.0\nup 1\n"
+    body = '# TYPE node_cpu_seconds_total counter\nnode_cpu_seconds_total{cpu="0"} 1.0\nup 1\n'
     assert detect(parse(body)) is None
 
 
@@ -88,7 +95,7 @@ def test_sglang_one_snapshot_per_dp_rank_tensor_ranks_not_added_priority_parts_i
 
 
 def test_sglang_old_name_label_is_the_model():
-    body = "# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs{name=\"/models/llama\"} 3\n"
+    body = '# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs{name="/models/llama"} 3\n'
     (key,) = read("sglang", body)
     assert key == ("/models/llama", "0")
 
@@ -235,3 +242,93 @@ def test_a_limit_the_engine_cannot_show_is_never_named_for_it():
             assert diagnose_engine(sig, engine=VLLM).bottleneck in VLLM.shows
             named.add(diagnose_engine(sig, engine=blind).bottleneck)
     assert Bottleneck.KV_CACHE not in named and named  # the capture is KV-bound: VLLM names it (test_diagnose)
+
+
+# --- hostile input, every adapter --------------------------------------------------------------------------------------
+
+_FAMILIES_OF = [sorted(m.KEEP_FAMILIES) for m in (vllm, sglang, trtllm, llamacpp)]
+_FAMILY_NAMES = sorted({n for names in _FAMILIES_OF for n in names})
+_LABELS = [
+    "model_name",
+    "engine",
+    "dp_rank",
+    "tp_rank",
+    "name",
+    "priority",
+    "mode",
+    "model",
+    "version",
+    "request_type",
+    "kv_cache_block_type",
+    "le",
+    "reason",
+    "source",
+    "stage",
+    "finished_reason",
+]
+_VALUES = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.integers(-(10**20), 10**20).map(float),
+    st.sampled_from([0.0, 1.0, -1.0, 1e308, 5e-324]),
+)
+_LABEL_VALUES = st.one_of(
+    st.sampled_from(
+        [
+            "0",
+            "1",
+            "",
+            "+Inf",
+            "0.5",
+            "active",
+            "max",
+            "fraction",
+            "decode",
+            "prefill_compute",
+            "waiting",
+            "used",
+            "tokens_per",
+        ]
+    ),
+    st.text(min_size=0, max_size=300),
+)
+
+
+def _escape(v: str) -> str:
+    return v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+@st.composite
+def _bodies(draw) -> str:
+    lines = []
+    own = draw(st.sampled_from(_FAMILIES_OF))  # mostly one engine's families (else vLLM, with the most, wins)
+    names = draw(st.lists(st.sampled_from(own), min_size=1, max_size=12))
+    names += draw(st.lists(st.sampled_from(_FAMILY_NAMES), max_size=2))  # and a few of any engine's
+    for name in names:
+        suffix = draw(st.sampled_from(["", "", "", "_total", "_total", "_bucket", "_sum", "_count", "_created"]))
+        for _ in range(draw(st.integers(1, 4))):
+            labels = draw(st.dictionaries(st.sampled_from(_LABELS), _LABEL_VALUES, max_size=4))
+            text = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(labels.items()))
+            value = draw(_VALUES)
+            lines.append(f"{name}{suffix}{{{text}}} {value!r}".replace("nan", "NaN").replace("inf", "Inf"))
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.slow  # 300 scrapes of hostile text through every adapter: ~20 s
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(_bodies(), min_size=1, max_size=4))
+def test_any_mix_of_engine_families_never_crashes_and_stays_bounded_and_json(bodies):
+    """Families of every engine, any labels, any values (NaN, infinities, huge, negative), scrape after scrape through
+    auto-detection: a scrape is read or refused with a reason, never a crash, the engines stay within --max-engines,
+    and the exports and the JSON document stay valid."""
+    t = Target("http://fuzz/metrics", max_engines=3)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(KvwatchCollector(lambda: [t]))
+    for i, body in enumerate(bodies):
+        try:
+            t.observe_body(1000.0 + i, body)
+        except (ParseError, NoEngineMetrics) as e:
+            t.observe_failure(1000.0 + i, str(e))
+        t.diagnosis = t.diagnose(1000.0 + i)
+        assert len(t.engines) <= 4  # 3 + the overflow engine
+        assert generate_latest(registry)
+        json.dumps(t.diagnosis.as_dict(), allow_nan=False)

@@ -260,8 +260,9 @@ def test_collector_clock_when_lines_carry_no_vllm_header():
     text = "\n".join(f"2026-12-01T10:00:{s:02d}.000000000Z {msg}" for s in (0, 5, 10))
     s = read(text)
     assert [r.interval for r in s.results] == [10.0, 5.0, 5.0]  # the first: vLLM's default interval
-    # the first record: no plateau, no limit named (max_num_seqs by elimination before issue 14)
-    assert [r.diagnosis.bottleneck for r in s.results] == ["none", "stalled", "stalled"]
+    # the first record: no plateau, no limit named (max_num_seqs by elimination before issue 14); 9 wait, so
+    # undetermined, not "none" (issue 25)
+    assert [r.diagnosis.bottleneck for r in s.results] == ["undetermined", "stalled", "stalled"]
     assert s.results[1].diagnosis.signals.throughput.stalled_seconds == 5.0
 
 

@@ -68,7 +68,7 @@ def test_kv_cache_run_is_diagnosed_kv_cache_with_the_logs_capacity():
     actions = [x["action"] for x in first["recommendations"]]
     assert actions == sorted(actions, key=ACTIONS.index)
     assert "fp8_kv_cache" in actions  # kv_cache_dtype=auto in the engine config line
-    assert "raise_gpu_memory_utilization" in actions  # 'kv_cache_memory_bytes': 8388608 in the start-up arguments
+    assert "raise_kv_cache_memory_bytes" in actions  # 'kv_cache_memory_bytes': 8388608 in the start-up arguments
     assert "enable_prefix_caching" not in actions  # enable_prefix_caching=True
     notes = " ".join(first["notes"])
     assert "KV capacity 2,048 tokens from line 48" in notes
@@ -99,8 +99,10 @@ def test_max_num_seqs_run_uses_the_logged_flag_else_infers_it(tmp_path):
 
     bare = stats_lines_only("max_num_seqs", tmp_path)
     recs = records(bare)
-    # One stats line with a queue, no flag: no plateau, so no ceiling (issue 14: it was inferred by elimination)
-    assert recs[0]["bottleneck"] == "none" and recs[0]["max_num_seqs"] is None
+    # One stats line with a queue, no flag: no plateau, so no ceiling (issue 14: it was inferred by elimination);
+    # 22 wait, so undetermined, not "none", and it says what it needs (issue 25)
+    assert recs[0]["bottleneck"] == "undetermined" and recs[0]["max_num_seqs"] is None
+    assert "more samples of the queue until kvwatch can tell" in " ".join(recs[0]["evidence"])
     assert recs[0]["confidence"] == "low" and "requests wait, no limit identified" in recs[0]["evidence"][0]
     assert "max_num_seqs (pass --max-num-seqs)" in " ".join(recs[0]["evidence"])
     recs = records(bare, "--max-num-seqs", 2)
@@ -185,3 +187,22 @@ def test_help_lists_the_flags():
     out = p.stdout.decode()
     for flag in ("--json", "--follow", "--max-num-seqs", "--max-num-batched-tokens", "--max-model-len", "FILE|-"):
         assert flag in out
+
+
+def test_no_record_with_requests_waiting_reads_none():
+    """Issue 25: "none" says the server is fine. On every real log and every example log, a record with requests
+    waiting (beyond one request between arrival and admission, or arrivals between steps at the batch's scale,
+    which say so) names a limit or is undetermined, at low confidence, saying what it lacks."""
+    logs = sorted(FIXTURES.glob("*/server.log")) + sorted((FIXTURES.parent / "logs").glob("*.log"))
+    waited = 0
+    for log in logs:
+        for r in records(log):
+            if not r["requests_waiting"]:
+                continue
+            waited += 1
+            text = " ".join(r["evidence"])
+            if r["bottleneck"] == "none":
+                assert "briefly" in text or "arrivals between steps" in text, (log.name, r["line"], text)
+            if r["bottleneck"] == "undetermined":
+                assert r["confidence"] == "low", (log.name, r["line"], text)
+    assert waited >= 40

@@ -122,10 +122,11 @@ def test_enough_lora_slots_are_not_max_loras():
 
 
 def test_max_loras_needs_the_adapter_info():
-    """Without lora_requests_info the deferred queue alone is vLLM's own "not capacity": none, not max_loras."""
+    """Without lora_requests_info the deferred queue alone is vLLM's own "not capacity": undetermined (requests wait:
+    never none, issue 25), not max_loras."""
     ds = diagnoses(load_scenario("max_loras"), 24, without_family("lora_requests_info"))
     assert not any(d.bottleneck is Bottleneck.MAX_LORAS for d in ds)
-    assert ds[-1].bottleneck is Bottleneck.NONE
+    assert ds[-1].bottleneck is Bottleneck.UNDETERMINED and ds[-1].signals.queue.waiting
 
 
 def test_the_docs_list_the_rules_in_their_order():
@@ -206,10 +207,11 @@ def test_kv_transfer_preset_is_named_with_advice_for_the_prefill_side():
 
 
 def test_kv_transfer_needs_the_fetch_stages():
-    """Without num_requests_kv_fetch_by_stage (vLLM before 0.33) the deferred queue is vLLM's "not capacity": none."""
+    """Without num_requests_kv_fetch_by_stage (vLLM before 0.33) the deferred queue is vLLM's "not capacity":
+    undetermined (requests wait: never none, issue 25)."""
     ds = diagnoses(load_scenario("kv_transfer"), 24, without_family("kv_fetch_by_stage"))
     assert not any(d.bottleneck is Bottleneck.KV_TRANSFER for d in ds)
-    assert ds[-1].bottleneck is Bottleneck.NONE
+    assert ds[-1].bottleneck is Bottleneck.UNDETERMINED and ds[-1].signals.queue.waiting
 
 
 def test_a_fast_connector_is_not_kv_transfer():

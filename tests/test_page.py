@@ -79,11 +79,12 @@ async def test_the_catalogue_is_served_to_the_page_not_copied_into_it(client):
     assert {k: v["label"] for k, v in cfg["kv_pressure"].items()} == {str(k): k.label for k in KvPressure}
     assert cfg["thresholds"] == {"admission_stall": 0.9, "preemption_risk": 0.95} and cfg["hints"]["max_num_seqs"] == 16
     assert cfg["history_seconds"] == 900 and cfg["poll_seconds"] == 1.0
-    js = (await (await client.get("/static/page.js")).read()).decode()
-    spelled = [str(b) for b in Bottleneck if str(b) not in FLAG_NAMES and re.search(rf"[\"']{b}[\"']", js)]
-    assert not spelled, f"page.js names bottlenecks itself: {spelled}"
-    for b in Bottleneck:
-        assert b.meaning not in js  # the sentences come from the catalogue too
+    for name in ("page.js", "charts.js", "report.js"):  # the page's scripts, and the report's
+        js = resources.files("kvwatch").joinpath("static", name).read_text()
+        spelled = [str(b) for b in Bottleneck if str(b) not in FLAG_NAMES and re.search(rf"[\"']{b}[\"']", js)]
+        assert not spelled, f"{name} names bottlenecks itself: {spelled}"
+        for b in Bottleneck:
+            assert b.meaning not in js  # the sentences come from the catalogue too
 
 
 async def test_target_labels_are_redacted_and_cannot_break_out_of_the_page(client):

@@ -532,3 +532,27 @@ def test_any_value_in_any_field_is_a_plan_or_a_plan_error(key):
             except Exception as e:  # noqa: BLE001 - the point: which kinds of exception come out
                 outcomes[(base["model_type"], repr(value))] = type(e)
     assert {o for o in outcomes.values()} <= {P.Plan, P.PlanError}, outcomes
+
+
+@pytest.mark.parametrize("allow", [None, "0", "yes"])
+def test_a_max_model_len_past_the_models_exits_2_as_vllm_refuses_it(tmp_path, capsys, monkeypatch, allow):
+    """Issue 25 point 4: vLLM's _get_and_verify_max_len (vllm/config/model.py) raises at start-up when --max-model-len
+    exceeds the derived maximum, unless VLLM_ALLOW_LONG_MAX_MODEL_LEN is "1" or "true" (vllm/envs.py); "yes" is not."""
+    monkeypatch.delenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", raising=False)
+    if allow is not None:
+        monkeypatch.setenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", allow)
+    argv = ["--model-config", _write(tmp_path, LLAMA_31_8B), "--kv-cache-memory-bytes", str(8 * GIB)]
+    rc, out, err = run_plan([*argv, "--max-model-len", "200000"], capsys)
+    assert rc == 2 and not out and len(err.strip().splitlines()) == 1, err
+    assert "--max-model-len 200,000 exceeds config.json's max_position_embeddings (131,072)" in err
+    assert "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1" in err
+    assert run_plan([*argv, "--max-model-len", "131072"], capsys)[0] == 0  # at the maximum: starts
+
+
+@pytest.mark.parametrize("allow", ["1", " TRUE "])
+def test_vllms_long_length_override_lets_plan_size_the_longer_length(tmp_path, capsys, monkeypatch, allow):
+    monkeypatch.setenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", allow)
+    argv = ["--model-config", _write(tmp_path, LLAMA_31_8B), "--kv-cache-memory-bytes", str(8 * GIB)]
+    doc = plan_json([*argv, "--max-model-len", "200000"], capsys)
+    assert doc["max_model_len"] == 200000
+    assert any("only because VLLM_ALLOW_LONG_MAX_MODEL_LEN=1" in n for n in doc["notes"]), doc["notes"]

@@ -2,7 +2,8 @@
 rename), and on a full disk or a read-only directory it stops with one clear line and no partial file.
 
 The real cases run the real command against a fake vLLM on loopback, into a real tmpfs of 64 KiB (full after one
-52 KB capture) or a read-only one: mounting needs root, so without it those tests skip and say so.
+52 KB capture) or a read-only one. Mounting needs root; CI runs as root, so a mount that fails fails the test (a
+skip could only hide a broken environment), as tests/test_dockerfile.py's image run does.
 """
 
 from __future__ import annotations
@@ -103,7 +104,8 @@ def _mount(where: Path, options: str) -> None:
     where.mkdir(parents=True, exist_ok=True)
     proc = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)], capture_output=True, text=True)
     if proc.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {proc.stderr.strip() or proc.returncode}")
+        pytest.fail(f"cannot mount a tmpfs at {where} (needs root; CI runs as root): "
+                    f"{proc.stderr.strip() or proc.returncode}")
 
 
 def _umount(where: Path) -> None:

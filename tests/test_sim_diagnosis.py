@@ -22,7 +22,7 @@ import pytest
 from kvwatch.sim import SimServer
 from tests.helpers.ports import free_ports
 from tests.helpers.process import Process
-from tests.helpers.sim_judge import CASES, Poll, judge, seconds
+from tests.helpers.sim_judge import CASES, MAX_GAP_INTERVALS, Poll, judge, seconds
 
 pytestmark = pytest.mark.slow  # real time: one kvwatch process and a simulator per preset for two minutes
 
@@ -176,37 +176,23 @@ def observation(tmp_path_factory) -> Observation:
 def assert_named(observation: Observation, preset: str) -> None:
     """Judged on kvwatch's own record of its scrapes (judge's ``interval``): the lag in its successful scrapes, not
     in the seconds a starved machine took (two CI runs side by side: this test's polls 5 s apart, kvwatch's
-    scrapes timing out). The API must have answered for the preset; a visit too sparsely scraped is not judged
-    but reported, and a preset with none judged is skipped with why (test_some_visits_were_judged fails a
-    kvwatch that never scrapes)."""
+    scrapes timing out). The API must have answered for the preset, and at least one of its visits must have been
+    scraped densely enough to judge: a kvwatch that thins out its scrapes of some targets leaves their visits
+    unjudged, and that fails here, with each visit's widest gap between kvwatch's scrapes and the machine's load
+    (a visit too sparsely scraped beside a judged one is only reported)."""
     speed, expected = CASES[preset]
     assert observation.polls[preset], f"no diagnosis for {preset}; kvwatch log:\n{observation.log[-3000:]}"
     scrapes = observation.scrapes[preset]
     assert scrapes, f"no successful scrape of {preset} in kvwatch's history; kvwatch log:\n{observation.log[-3000:]}"
     out = judge(preset, scrapes, speed, expected, interval=INTERVAL)
     assert out.judged + len(out.unjudged) >= len(expected), f"{preset}: only {out.judged} phase visits long enough"
-    if not out.judged:
-        pytest.skip(f"{preset}: no visit scraped densely enough to judge: {out.unjudged}")
-
-
-def judged_visits(observation: Observation) -> int:
-    """Visits judged over all presets; one judged wrong counts (its preset's test fails), no scrapes count 0."""
-    total = 0
-    for preset, scrapes in observation.scrapes.items():
-        speed, expected = CASES[preset]
-        if not scrapes:
-            continue
-        try:
-            total += judge(preset, scrapes, speed, expected, interval=INTERVAL).judged
-        except AssertionError:
-            total += 1
-    return total
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    assert out.judged, (f"{preset}: no visit judged, kvwatch's successful scrapes too far apart (over "
+                        f"{MAX_GAP_INTERVALS} intervals) in every one: {out.unjudged}; load average {load}")
+    if out.unjudged:
+        print(f"{preset}: {out.judged} visit(s) judged; not judged: {out.unjudged}")
 
 
 @pytest.mark.parametrize("preset", CPU_PRESETS)
 def test_preset_is_diagnosed_as_named(observation, preset):
     assert_named(observation, preset)
-
-
-def test_some_visits_were_judged(observation):
-    assert judged_visits(observation) >= 1, {p: len(s) for p, s in observation.scrapes.items()}

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers.sim_judge import CASES
-from tests.test_sim_diagnosis import Observation, assert_named, judged_visits, observe_and_print
+from tests.test_sim_diagnosis import Observation, assert_named, observe_and_print
 
 pytestmark = pytest.mark.slow  # real time: one kvwatch process and nine simulators for ~40 s
 
@@ -22,7 +22,3 @@ def observation(tmp_path_factory) -> Observation:
 @pytest.mark.parametrize("preset", GPU_PRESETS)
 def test_gpu_preset_is_diagnosed_as_named(observation, preset):
     assert_named(observation, preset)
-
-
-def test_some_gpu_visits_were_judged(observation):
-    assert judged_visits(observation) >= 1, {p: len(s) for p, s in observation.scrapes.items()}

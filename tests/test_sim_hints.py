@@ -38,7 +38,8 @@ def observe(preset: str, offset: float = 0.0) -> dict[bool, list[Poll]]:
         for hinted, target in targets.items():
             target.observe_body(sim.virtual_time, body)
             (engine,) = target.diagnose(sim.virtual_time).engines
-            polls[hinted].append(Poll(sim.now, sim.phase_name, sim.phase_start, engine.bottleneck))
+            q = engine.signals.queue
+            polls[hinted].append(Poll(sim.now, sim.phase_name, sim.phase_start, engine.bottleneck, q.running, q.waiting))
     return polls
 
 

@@ -4,7 +4,8 @@ The simulator writes vLLM 0.32's lines (kvwatch/sim/vllm_log.py: the KV-cache si
 engine every 10 simulated seconds); the log is read by ``kvwatch logs``' own session, as a file would be. Each
 judged phase (tests/helpers/sim_judge.py) is named as expected in most of the records whose 20-s window (two
 records, the log's plateau) lies inside the phase: a log record is an instant of Running/Waiting/KV and a 10-s
-average of throughput, so single records may read ``none``, never another limit where one binds.
+average of throughput, so single records may read ``undetermined`` (never ``none`` while requests wait), never another limit
+where one binds.
 Deterministic (seed 11), simulated time.
 """
 
@@ -59,8 +60,8 @@ def test_every_preset_is_named_in_its_own_server_log(preset):
         phases += 1
         right = sum(b == want for b in judged)
         assert right >= SHARE * len(judged), f"{preset}/{phase}: {right} of {len(judged)} {want}: {rows}"
-        if want not in ("none", "idle"):  # a dip reads none; another limit would be a wrong answer
-            assert set(judged) <= {want, "none"}, f"{preset}/{phase}: {judged}"
+        if want not in ("none", "idle"):  # a dip reads undetermined (was none); another limit would be a wrong answer
+            assert set(judged) <= {want, "undetermined"}, f"{preset}/{phase}: {judged}"
         else:
             limits = {"kv_cache", "max_num_seqs", "token_budget"}
             assert not set(judged) & limits, f"{preset}/{phase}: a limit named where none binds: {judged}"
@@ -70,12 +71,13 @@ def test_every_preset_is_named_in_its_own_server_log(preset):
 
 @pytest.mark.parametrize("preset", sorted(LOG_BLIND))
 def test_a_queue_deferred_for_lora_slots_reads_as_vllms_own_deferred_in_a_log(preset):
-    """No adapter field in the log: the deferred queue is vLLM's "not capacity" (none) in most records, and never a
+    """No adapter field in the log: the deferred queue is vLLM's "not capacity" (undetermined: requests wait, so
+    never none) in most records, and never a
     KV or sequence ceiling. At GPU scale part of the queue waits a step for the budget after a slot turns over (not
     deferred), and prefill steady then reads token_budget at low confidence in 2 of 12 records: a weak answer the
     log cannot improve on, since only lora_requests_info shows the slots."""
     judged = [b for p, since, b in records(preset) if p == "max_loras" and since >= SETTLE]
-    assert judged and judged.count("none") >= SHARE * len(judged), judged
+    assert judged and judged.count("undetermined") >= SHARE * len(judged), judged
     assert not {"kv_cache", "max_num_seqs", "stalled"} & set(judged), judged
 
 

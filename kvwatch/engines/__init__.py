@@ -28,12 +28,15 @@ class Engine:
 
     name: str  # the --engine value and the engine_type label: "vllm"
     title: str  # for people: "vLLM"
+    families: frozenset[str]  # the families ``read`` uses, as the engine names them
     keep_family: Callable[[str], bool]  # the parser's filter: only the families ``read`` uses are tokenised
     recognise: Callable[[str], bool]  # a family name that only this engine exports (auto-detection)
     read: Callable[[dict[str, Family], int], Snapshots]  # families -> snapshots by (model_name, engine), bounded
     flags: Mapping[Action, str]  # the engine's own spelling of each action's flag (or operation)
     shows: frozenset[Bottleneck]  # the limits its signals can show at all: no other is ever named for it
     metrics_path: str = "/metrics"  # where it serves Prometheus text
+    # prefixes of names its keep_family admits beyond ``families`` (Ray Serve's ray_vllm: for vLLM)
+    alias_prefixes: tuple[str, ...] = ()
     cannot_tell: str = ""  # for people: what its metrics cannot show
 
     def flag(self, action: Action) -> str:
@@ -59,10 +62,17 @@ def by_name(name: str) -> Engine:
     return _BY_NAME[name]
 
 
+_KEEP_ALL = frozenset().union(*(e.families for e in ENGINES))
+_ALIASED = tuple(e for e in ENGINES if e.alias_prefixes)
+_ALIAS_PREFIXES = tuple(p for e in _ALIASED for p in e.alias_prefixes)
+
+
 def keep_any(name: str) -> bool:
-    """The parser's filter when the engine is chosen from the scrape: any engine's families (vLLM's first: the
-    common case costs one call)."""
-    return any(e.keep_family(name) for e in ENGINES)
+    """The parser's filter when the engine is chosen from the scrape: any engine's families. One set lookup: it runs
+    for every family of every scrape, most of them no engine's (python_gc_*, process_*)."""
+    if name in _KEEP_ALL:
+        return True
+    return name.startswith(_ALIAS_PREFIXES) and any(e.keep_family(name) for e in _ALIASED)
 
 
 def detect(family_names: Iterable[str]) -> Engine | None:

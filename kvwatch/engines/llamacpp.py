@@ -74,6 +74,7 @@ def read(families: dict[str, Family], max_engines: int = 64) -> dict[tuple[str, 
             c[Counter.PROMPT_TOKENS] += smp.value
     for s in out.values():
         s.max_running_requests = _slots_when_deferring(s)
+        s.tokens_at_request_end = True  # tokens_predicted_total moves when a request ends
     return out
 
 
@@ -89,6 +90,7 @@ FLAGS: dict[Action, str] = {
     Action.ENABLE_PREFIX_CACHING: "--cache-reuse (prompt caching is on by default)",
     Action.REDUCE_MAX_MODEL_LEN: "--ctx-size / --parallel (each slot's context)",
     Action.RAISE_GPU_MEMORY_UTILIZATION: "--ctx-size (and --n-gpu-layers)",
+    Action.RAISE_KV_CACHE_MEMORY_BYTES: "--ctx-size",
     Action.RAISE_MAX_NUM_SEQS: "--parallel",
     Action.LOWER_MAX_NUM_SEQS: "--parallel",
     Action.RAISE_MAX_NUM_BATCHED_TOKENS: "--batch-size / --ubatch-size",
@@ -101,6 +103,7 @@ FLAGS: dict[Action, str] = {
 ENGINE = Engine(
     name="llamacpp",
     title="llama.cpp",
+    families=KEEP_FAMILIES,
     keep_family=keep_family,
     recognise=recognise,
     read=read,

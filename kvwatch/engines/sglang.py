@@ -84,6 +84,9 @@ def read(families: dict[str, Family], max_engines: int = 64) -> dict[tuple[str, 
         return out  # counters and histograms alone make no engine
     _read_counters(families, snap)
     _read_realtime(families.get(REALTIME), snap)
+    live = families.get(REALTIME)
+    for s in out.values():  # without realtime_tokens_total, only observe_one_finished_request counts tokens
+        s.tokens_at_request_end = live is None or not live.samples
     for name, canon in HISTOGRAMS.items():
         fam = families.get(name)
         if fam is not None:
@@ -168,6 +171,7 @@ FLAGS: dict[Action, str] = {
     Action.ENABLE_PREFIX_CACHING: "radix cache (drop --disable-radix-cache)",
     Action.REDUCE_MAX_MODEL_LEN: "--context-length",
     Action.RAISE_GPU_MEMORY_UTILIZATION: "--mem-fraction-static",
+    Action.RAISE_KV_CACHE_MEMORY_BYTES: "--mem-fraction-static (SGLang sizes the pool by fraction)",
     Action.RAISE_MAX_NUM_SEQS: "--max-running-requests",
     Action.LOWER_MAX_NUM_SEQS: "--max-running-requests",
     Action.RAISE_MAX_NUM_BATCHED_TOKENS: "--chunked-prefill-size / --max-prefill-tokens",
@@ -180,6 +184,7 @@ FLAGS: dict[Action, str] = {
 ENGINE = Engine(
     name="sglang",
     title="SGLang",
+    families=KEEP_FAMILIES,
     keep_family=keep_family,
     recognise=recognise,
     read=read,

@@ -75,6 +75,8 @@ def read(families: dict[str, Family], max_engines: int = 64) -> dict[tuple[str, 
     if not out:
         return out
     _read_counters(fams, snap)
+    for s in out.values():
+        s.tokens_at_request_end = True  # log_request_metrics_dict: counted when a request has finished
     for name, canon in HISTOGRAMS.items():
         if (fam := fams.get(name)) is not None:
             read_histograms(canon, fam, snap, out)
@@ -167,6 +169,7 @@ FLAGS: dict[Action, str] = {
     Action.ENABLE_PREFIX_CACHING: "kv_cache_config.enable_block_reuse",
     Action.REDUCE_MAX_MODEL_LEN: "--max_seq_len",
     Action.RAISE_GPU_MEMORY_UTILIZATION: "--kv_cache_free_gpu_memory_fraction",
+    Action.RAISE_KV_CACHE_MEMORY_BYTES: "kv_cache_config.max_tokens",
     Action.RAISE_MAX_NUM_SEQS: "--max_batch_size",
     Action.LOWER_MAX_NUM_SEQS: "--max_batch_size",
     Action.RAISE_MAX_NUM_BATCHED_TOKENS: "--max_num_tokens",
@@ -179,12 +182,16 @@ FLAGS: dict[Action, str] = {
 ENGINE = Engine(
     name="trtllm",
     title="TensorRT-LLM",
+    families=KEEP_FAMILIES,
     keep_family=keep_family,
     recognise=recognise,
     read=read,
     flags=FLAGS,
-    # No sleep state, no LoRA queue, no KV-transfer stages and no preemption counter in its metrics.
-    shows=frozenset(Bottleneck) - {Bottleneck.ASLEEP, Bottleneck.MAX_LORAS, Bottleneck.KV_TRANSFER},
+    # No sleep state, no LoRA queue, no KV-transfer stages and no preemption counter in its metrics; no per-step token
+    # data read, and prompt tokens counted as requests end: the step budget is not observed.
+    shows=frozenset(Bottleneck)
+    - {Bottleneck.ASLEEP, Bottleneck.MAX_LORAS, Bottleneck.KV_TRANSFER, Bottleneck.TOKEN_BUDGET},
     metrics_path="/prometheus/metrics",
-    cannot_tell="preemptions (it pauses requests instead); Triton's form exports no token counters",
+    cannot_tell="preemptions (it pauses requests instead); whether --max_num_tokens binds (no per-step data read; "
+    "tokens counted as requests end); Triton's form exports no token counters",
 )

@@ -319,6 +319,7 @@ FLAGS: dict[Action, str] = {
     Action.ENABLE_PREFIX_CACHING: "--enable-prefix-caching",
     Action.REDUCE_MAX_MODEL_LEN: "--max-model-len",
     Action.RAISE_GPU_MEMORY_UTILIZATION: "--gpu-memory-utilization",
+    Action.RAISE_KV_CACHE_MEMORY_BYTES: "--kv-cache-memory-bytes",
     Action.RAISE_MAX_NUM_SEQS: "--max-num-seqs",
     Action.LOWER_MAX_NUM_SEQS: "--max-num-seqs",
     Action.RAISE_MAX_NUM_BATCHED_TOKENS: "--max-num-batched-tokens",
@@ -338,9 +339,11 @@ def recognise(name: str) -> bool:
 ENGINE = Engine(
     name="vllm",
     title="vLLM",
+    families=KEEP_FAMILIES,
     keep_family=keep_family,
     recognise=recognise,
     read=read,
     flags=FLAGS,
     shows=frozenset(Bottleneck),  # every limit kvwatch knows was first learnt on vLLM
+    alias_prefixes=(_RAY,),
 )

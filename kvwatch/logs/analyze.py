@@ -562,7 +562,7 @@ class LogAnalyzer:
         busy = rec.prompt_tokens_per_second > 0 or rec.generation_tokens_per_second > 0
         if (
             waiting > 0
-            and d.bottleneck == Bottleneck.NONE
+            and d.bottleneck in (Bottleneck.NONE, Bottleneck.UNDETERMINED)
             and s.throughput.engine_step_tokens is None
             and (rec.requests_deferred or 0) < waiting
         ):

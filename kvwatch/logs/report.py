@@ -14,7 +14,8 @@ LIMITS = (Bottleneck.KV_CACHE, Bottleneck.MAX_NUM_SEQS, Bottleneck.TOKEN_BUDGET,
 
 
 def dominant(results: list[RecordResult]) -> Bottleneck:
-    """The limit that bound most often (ties: the more severe); else none / idle."""
+    """The limit that bound most often (ties: the more severe); else undetermined or none, whichever held more
+    records; else idle."""
     return _dominant_of(Counter(r.diagnosis.bottleneck for r in results))
 
 
@@ -197,9 +198,9 @@ def _dominant_of(seen: Counter[Bottleneck]) -> Bottleneck:
     limits = [b for b in seen if b in LIMITS]
     if limits:
         return max(limits, key=lambda b: (seen[b], Bottleneck(b).severity))
-    if seen.get(Bottleneck.NONE):
-        return Bottleneck.NONE
-    return Bottleneck.IDLE
+    # no limit bound: whichever of "requests waited, none named" and "served, no queue" held more records
+    unnamed = [b for b in (Bottleneck.UNDETERMINED, Bottleneck.NONE) if seen.get(b)]
+    return max(unnamed, key=seen.__getitem__) if unnamed else Bottleneck.IDLE
 
 
 def _dominant_lines(summary: Summary) -> list[str]:

@@ -1,8 +1,10 @@
-"""The built-in vLLM simulator: a discrete-time model of vLLM's V1 scheduler behind vLLM's /metrics.
+"""The built-in vLLM simulator: a discrete-time model of vLLM's V1 scheduler behind vLLM's /metrics, or behind
+SGLang's, trtllm-serve's, Triton's TensorRT-LLM backend's or llama.cpp's (``--engine``; kvwatch.sim.expositions).
 
 Command line (the lead's ``kvwatch/cli.py`` dispatches ``kvwatch sim ...`` here)::
 
     kvwatch sim --scenario NAME [--port P] [--host H] [--seed S] [--speed X] [--engines N]
+                [--engine {vllm,sglang,trtllm,triton-trtllm,llamacpp}]
                 [--metrics-version {0.32,0.10,v0}] [--scenario-file F] [--duration S]
 
     from kvwatch.sim.cli import main
@@ -21,7 +23,7 @@ In-process, for ``kvwatch demo`` and the tests (inside a running asyncio loop)::
         sim.simulator    # the Simulator itself (engines, stats)
 
 ``SimServer(scenario="tour" | Scenario, host, port=0, seed=0, speed=1.0, engines=None,
-metrics_version="0.32", scenario_file=None, on_phase=callback(name, sim_time))`` — ``start()`` /
+metrics_version="0.32", scenario_file=None, on_phase=callback(name, sim_time), engine="vllm")`` — ``start()`` /
 ``stop()`` work too.  ``GET /sim/state`` returns the same JSON as ``state()`` over HTTP, so a
 separate process can follow the phases.
 
@@ -31,6 +33,8 @@ Without a server (pure simulation, exact and fast)::
     sim = Simulator(load_scenario("kv_cache"), seed=1)
     sim.advance_to(10.0)                 # ten simulated seconds
     text = render(sim, "0.32")           # the /metrics body at that instant
+    from kvwatch.sim.expositions import EXPOSITIONS
+    text = EXPOSITIONS["sglang"].render(sim)  # the same instant as SGLang's /metrics
 
 Scenarios are JSON data (``kvwatch/scenarios/*.json``; format in :mod:`kvwatch.sim.scenario`):
 ``idle``, ``healthy``, ``kv_cache``, ``max_num_seqs``, ``token_budget``, ``stalled``, ``asleep``, ``max_loras``,

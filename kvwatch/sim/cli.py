@@ -1,7 +1,8 @@
 """``kvwatch sim``: serve a simulated vLLM server's /metrics.
 
     kvwatch sim [--scenario NAME | --scenario-file F] [--host H] [--port P] [--seed S]
-                [--speed X] [--engines N] [--metrics-version {0.32,0.10,v0}] [--duration S]
+                [--speed X] [--engines N] [--engine {vllm,sglang,trtllm,triton-trtllm,llamacpp}]
+                [--metrics-version {0.32,0.10,v0}] [--duration S]
                 [--log-file F] [--list-scenarios]
 
 Exit status: 0 on a clean stop (SIGINT/SIGTERM or ``--duration`` elapsed), 2 on a bad setting
@@ -18,6 +19,7 @@ import signal
 import sys
 
 from .exposition import METRICS_VERSIONS, normalize_version
+from .expositions import EXPOSITIONS
 from .scenario import ScenarioError, list_presets, load_scenario
 from .server import SimServer
 
@@ -92,6 +94,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="data-parallel engines (default: the scenario's)",
     )
     p.add_argument(
+        "--engine",
+        default="vllm",
+        metavar="E",
+        help="the engine whose metrics it serves: " + ", ".join(EXPOSITIONS) + " (default vllm; the same simulation)",
+    )
+    p.add_argument(
         "--metrics-version",
         default="0.32",
         metavar="V",
@@ -138,6 +146,15 @@ def main(argv: list[str]) -> int:
             scenario = scenario.with_engines(args.engines)
         if version == "v0" and scenario.engines != 1:
             raise _UsageError("metrics-version v0: the V0 engine has no data parallelism (use --engines 1)")
+        if args.engine not in EXPOSITIONS:
+            raise _UsageError(f"--engine: {args.engine!r} is not one of {', '.join(EXPOSITIONS)}")
+        speaks = EXPOSITIONS[args.engine]
+        if speaks.one_engine and scenario.engines != 1:
+            raise _UsageError(f"--engine {args.engine}: {speaks.one_engine} (use --engines 1)")
+        if args.engine != "vllm" and args.metrics_version != "0.32":
+            raise _UsageError(f"--metrics-version: vLLM's only; --engine {args.engine} speaks one version")
+        if args.engine != "vllm" and args.log_file:
+            raise _UsageError(f"--log-file: the simulator writes vLLM's log only, not {speaks.title}'s")
     except (_UsageError, ScenarioError, ValueError) as e:
         print(f"kvwatch sim: error: {e}", file=sys.stderr)
         return 2
@@ -168,6 +185,7 @@ async def _serve(scenario, args, version, log) -> int:
         metrics_version=version,
         on_phase=on_phase,
         log_stream=log,
+        engine=args.engine,
     )
     try:
         await server.start()
@@ -175,9 +193,10 @@ async def _serve(scenario, args, version, log) -> int:
         reason = "address already in use" if e.errno == errno.EADDRINUSE else (e.strerror or str(e))
         print(f"kvwatch sim: error: cannot listen on {args.host}:{args.port}: {reason}", file=sys.stderr)
         return 1
+    speaks = f"vLLM {version}" if args.engine == "vllm" else EXPOSITIONS[args.engine].title
     print(
         f"kvwatch sim: scenario {scenario.name} ({scenario.engines} engine{'s' if scenario.engines > 1 else ''}), "
-        f"vLLM {version} metrics at {server.url} (seed {args.seed}, speed {args.speed:g}x)",
+        f"{speaks} metrics at {server.url} (seed {args.seed}, speed {args.speed:g}x)",
         flush=True,
     )
     stop = asyncio.Event()

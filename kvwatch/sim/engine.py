@@ -149,6 +149,11 @@ class EngineStats:
         self.prefix_hits = 0
         self.success = {r: 0 for r in FINISH_REASONS}
         self.steps = 0
+        # What other engines' expositions need beyond vLLM's (kvwatch.sim.exposition_*):
+        self.seqs_stepped = 0  # requests summed over steps (llama.cpp's n_busy_slots_per_decode)
+        self.longest_seq = 0  # the longest finished request, prompt + output (llama.cpp's n_tokens_max)
+        # SGLang's log-interval view (t, prompt computed, prompt cached, generated, gen tokens/s), see _log_interval
+        self.logged: tuple[float, int, int, int, float] = (0.0, 0, 0, 0, 0.0)  # t: simulated seconds
         # gauges (as last published)
         self.running = 0
         self.waiting = 0
@@ -529,6 +534,9 @@ class Engine:
                 self._record_finished(req, now)
         self.prev_end = now
         stats.steps += 1
+        stats.seqs_stepped += len(scheduled)
+        if prompt_iter or stats.steps % SGLANG_DECODE_LOG_INTERVAL == 0:
+            _log_interval(stats, now)
         self._publish(now)
         if self.cfg.max_loras and self.on_lora is not None:
             self.on_lora(self, now)
@@ -565,6 +573,7 @@ class Engine:
         s.h_max_tokens.observe(req.max_tokens)
         s.h_preemptions.observe(req.num_preemptions)
         s.h_prefill_kv.observe(req.prompt_len - req.cached_tokens)
+        s.longest_seq = max(s.longest_seq, req.prompt_len + req.output)
         if self.on_finish:
             self.on_finish(self, req, now, reason)
 
@@ -579,6 +588,17 @@ class Engine:
         if self.cfg.max_loras:
             s.running_loras = tuple(sorted(self.lora_counts))
             s.waiting_loras = tuple(sorted({r.lora for r in self.waiting if r.lora is not None}))
+
+
+# SGLang's scheduler logs its stats (realtime_tokens_total, gen_throughput) after every prefill batch and every
+# --decode-log-interval decode batches (default 40; scheduler_metrics_mixin.py).
+SGLANG_DECODE_LOG_INTERVAL = 40
+
+
+def _log_interval(stats: EngineStats, now: float) -> None:
+    t0, _, _, gen0, _ = stats.logged
+    rate = (stats.gen_tokens - gen0) / (now - t0) if now > t0 else 0.0
+    stats.logged = (now, stats.prompt_local_compute, stats.prompt_local_cache_hit, stats.gen_tokens, rate)
 
 
 def _loads_remote_kv(req: Request) -> bool:

@@ -13,7 +13,9 @@ from typing import TextIO
 
 from aiohttp import web
 
+from . import exposition_llamacpp, exposition_trtllm
 from .exposition import CONTENT_TYPE, normalize_version, process_start_time, render
+from .expositions import by_name
 from .scenario import Scenario, load_scenario
 from .simulator import Simulator
 from .vllm_log import LogWriter
@@ -32,7 +34,11 @@ class SimServer:
     Simulated time runs ``speed`` times faster than the wall clock; a background task steps the
     model every ``tick`` seconds and every ``/metrics`` request first catches up to "now".
 
-    Endpoints: ``/metrics`` (vLLM's exposition; gzip if asked), ``/health`` (200, always — also
+    ``engine`` (kvwatch.sim.expositions): the engine whose metrics it serves, ``vllm`` (default), ``sglang``,
+    ``trtllm`` (at ``/prometheus/metrics``; ``/metrics`` is JSON iteration stats, as trtllm-serve's) or ``llamacpp``
+    (with ``/slots``, llama-server's per-slot JSON).
+
+    Endpoints: ``/metrics`` (the engine's exposition; gzip if asked), ``/health`` (200, always — also
     when stalled, like vLLM), ``/version``, ``/v1/models``, ``/sim/state`` (JSON: phase, simulated
     time, per-engine running/waiting/KV), ``/`` (a short text page).
     """
@@ -50,6 +56,7 @@ class SimServer:
         tick: float = 0.05,
         on_phase: Callable[[str, float], None] | None = None,
         log_stream: TextIO | None = None,
+        engine: str = "vllm",
     ):
         if scenario_file is not None:
             sc = load_scenario(path=scenario_file)
@@ -61,9 +68,12 @@ class SimServer:
             sc = sc.with_engines(engines)
         if not speed > 0:
             raise ValueError("speed: must be > 0")
+        self.exposition = by_name(engine)  # the engine whose /metrics it speaks (kvwatch.sim.expositions)
         self.metrics_version = normalize_version(metrics_version)
         if self.metrics_version == "v0" and sc.engines != 1:
             raise ValueError("metrics-version v0: the V0 engine has no data parallelism (use --engines 1)")
+        if self.exposition.one_engine and sc.engines != 1:
+            raise ValueError(f"engine {engine}: {self.exposition.one_engine} (use --engines 1)")
         self.scenario = sc
         self.host = host
         self.port = port
@@ -92,7 +102,11 @@ class SimServer:
             self._log = LogWriter(self.simulator)
             self._write_log(self._log.startup())
         app = web.Application()
-        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get(self.exposition.metrics_path, self._metrics)
+        if self.exposition.name == "trtllm":  # trtllm-serve's /metrics is JSON iteration stats
+            app.router.add_get("/metrics", self._iteration_stats)
+        if self.exposition.name == "llamacpp":  # llama-server's per-slot JSON
+            app.router.add_get("/slots", self._slots)
         app.router.add_get("/health", self._health)
         app.router.add_get("/version", self._version)
         app.router.add_get("/v1/models", self._models)
@@ -135,8 +149,8 @@ class SimServer:
 
     @property
     def url(self) -> str:
-        """The bound ``/metrics`` URL."""
-        return self.base_url + "/metrics"
+        """The bound metrics URL (``/metrics``; trtllm-serve's ``/prometheus/metrics``)."""
+        return self.base_url + self.exposition.metrics_path
 
     @property
     def phase(self) -> str:
@@ -155,6 +169,7 @@ class SimServer:
         d = self.simulator.summary()  # type: ignore[union-attr]
         d["speed"] = self.speed
         d["metrics_version"] = self.metrics_version
+        d["engine_type"] = self.exposition.name
         return d
 
     def target_time(self) -> float:
@@ -210,12 +225,23 @@ class SimServer:
     async def _metrics(self, request: web.Request) -> web.Response:
         self.catch_up()
         self.scrapes += 1
-        body = render(self.simulator, self.metrics_version, process_start=self._process_start).encode()
+        if self.exposition.name == "vllm":
+            body = render(self.simulator, self.metrics_version, process_start=self._process_start).encode()
+        else:
+            body = self.exposition.render(self.simulator).encode()
         headers = {"Content-Type": CONTENT_TYPE}
         if "gzip" in request.headers.get("Accept-Encoding", ""):
             body = gzip.compress(body, compresslevel=1)
             headers["Content-Encoding"] = "gzip"
         return web.Response(body=body, headers=headers)
+
+    async def _iteration_stats(self, request: web.Request) -> web.Response:
+        self.catch_up()
+        return web.json_response(exposition_trtllm.iteration_stats(self.simulator))
+
+    async def _slots(self, request: web.Request) -> web.Response:
+        self.catch_up()
+        return web.json_response(exposition_llamacpp.slot_states(self.simulator))
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.Response(status=200)
@@ -247,13 +273,21 @@ class SimServer:
     async def _state(self, request: web.Request) -> web.Response:
         return web.Response(text=json.dumps(self.state()), content_type="application/json")
 
+    def _speaks(self) -> str:
+        return f"vLLM {VLLM_VERSION}" if self.exposition.name == "vllm" else self.exposition.title
+
+    def _metrics_line(self) -> str:
+        if self.exposition.name == "vllm":
+            return f"vLLM's Prometheus metrics (format {self.metrics_version})"
+        return f"{self.exposition.title}'s Prometheus metrics"
+
     async def _index(self, request: web.Request) -> web.Response:
         sim = self.simulator
         assert sim is not None
         text = (
-            f"kvwatch sim: a simulated vLLM {VLLM_VERSION} server\n"
+            f"kvwatch sim: a simulated {self._speaks()} server\n"
             f"scenario {self.scenario.name}, phase {self.phase}, seed {self.seed}, speed {self.speed:g}\n"
-            f"  /metrics    vLLM's Prometheus metrics (format {self.metrics_version})\n"
+            f"  {self.exposition.metrics_path}    {self._metrics_line()}\n"
             f"  /sim/state  the simulation state as JSON\n"
             f"  /health     200\n"
         )

@@ -74,6 +74,8 @@ class Simulator:
         self.cycle = 0
         self.next_arrival = INF
         self.phase_log: deque[tuple[float, str]] = deque(maxlen=1000)  # (start, name), latest last
+        # What an exposition keeps from one /metrics call to the next (llama.cpp's per-scrape throughput buckets)
+        self.scrape_marks: dict[str, tuple] = {}
         self._enter_phase(0, 0.0)
 
     # ------------------------------------------------------------------ public

@@ -151,6 +151,19 @@ class Kvwatch(Process):
         self.start()
         self.wait_for_url(f"{self.url}/readyz", timeout=timeout, what="kvwatch ready", interval=0.2)
 
+    def history(self, seconds: float = 900.0) -> dict:
+        """kvwatch's own record of its scrapes (/api/v1/history): a starved machine gets a few tries."""
+        for attempt in range(5):
+            try:
+                r = httpx.get(f"{self.url}/api/v1/history", params={"seconds": seconds}, timeout=10.0)
+                r.raise_for_status()
+                return r.json()
+            except httpx.TransportError:
+                if attempt == 4:
+                    raise
+                time.sleep(1.0)
+        raise AssertionError("unreachable")
+
 
 class Recorder(Process):
     """``python -m kvwatch record URL --out DIR --duration S``: the scenario's recording, kept as an artefact."""

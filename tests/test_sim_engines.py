@@ -1,0 +1,208 @@
+"""Every simulator preset, served as SGLang, TensorRT-LLM and llama.cpp, is read by the adapter of that engine
+(``engine="auto"``) and diagnosed as that engine's metrics allow.
+
+The same simulations and judge as tests/test_sim_hints.py (vLLM), in simulated time: each preset is advanced one
+simulated second at a time, rendered by each engine's exposition (kvwatch.sim.expositions) and diagnosed by a
+``Target`` with and without the preset's flags as hints. A limit the engine can show (``Engine.shows``) is judged
+as for vLLM; for one it cannot, the verdict that engine's metrics support is written out below (EXPECTED), and
+no other limit may be named in that phase at any scrape (``test_a_limit_the_engine_cannot_show_is_never_named_as_
+another``).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+from kvwatch.catalog import Bottleneck
+from kvwatch.diagnose import Hints
+from kvwatch.engines import by_name
+from kvwatch.sim.expositions import EXPOSITIONS
+from kvwatch.sim.scenario import load_scenario
+from kvwatch.sim.simulator import Simulator
+from kvwatch.state import Target
+from tests.helpers.sim_judge import CASES, Poll, judge, seconds
+
+ENGINES = ("sglang", "trtllm", "triton-trtllm", "llamacpp")
+
+# Limits the trtllm adapter can show in trtllm-serve's form but not in Triton's: Triton's nv_trt_llm_* gauges carry
+# no token counter and no max_num_tokens (FAMILIES.md section 2), so nothing shows the step budget there.
+FORM_CANNOT_SHOW = {"triton-trtllm": {"token_budget"}}
+
+
+def shows(engine: str) -> set[str]:
+    """The limits this exposition can show: its adapter's ``Engine.shows``, less what its form lacks."""
+    return {str(b) for b in by_name(EXPOSITIONS[engine].engine).shows} - FORM_CANNOT_SHOW.get(engine, set())
+
+
+# A paused engine with requests in flight and no sleep state in its metrics is, by those metrics, a stall: after the
+# stall rule's max(5 s, 3 intervals) without progress, as for a wedged engine.
+_ASLEEP = {"serving": ("none", 6.0), "asleep": ("stalled", 10.0)}
+
+# Per engine, the presets whose expected verdicts differ from vLLM's (tests/helpers/sim_judge.CASES), and why.
+OVERRIDES: dict[str, dict[str, dict[str, tuple[str, float]]]] = {
+    # SGLang shows no sleep state and no LoRA queue: the LoRA-bound queue is a queue with room: none.
+    "sglang": {
+        "asleep": _ASLEEP,
+        "gpu_asleep": _ASLEEP,
+        "max_loras": {"max_loras": ("none", 6.0)},
+        "gpu_max_loras": {"max_loras": ("none", 6.0)},
+    },
+    # trtllm-serve: no sleep state, no LoRA queue, no KV-transfer stages; its queue there has room: none. No step
+    # data read, and its token counters move as requests end (EngineSnapshot.tokens_at_request_end): no step budget.
+    "trtllm": {
+        "asleep": _ASLEEP,
+        "gpu_asleep": _ASLEEP,
+        "max_loras": {"max_loras": ("none", 6.0)},
+        "gpu_max_loras": {"max_loras": ("none", 6.0)},
+        "kv_transfer": {"kv_transfer": ("none", 6.0)},
+        "gpu_kv_transfer": {"kv_transfer": ("none", 6.0)},
+        "token_budget": {"token_budget": ("none", 6.0)},
+        "gpu_token_budget": {"token_budget": ("none", 6.0)},
+        "tour": {**CASES["tour"][1], "token_budget": ("none", 6.0)},
+    },
+    # Triton's TensorRT-LLM backend: trtllm-serve's blind spots, and no token counters (no step budget).
+    "triton-trtllm": {
+        "asleep": _ASLEEP,
+        "gpu_asleep": _ASLEEP,
+        "max_loras": {"max_loras": ("none", 6.0)},
+        "gpu_max_loras": {"max_loras": ("none", 6.0)},
+        "kv_transfer": {"kv_transfer": ("none", 6.0)},
+        "gpu_kv_transfer": {"kv_transfer": ("none", 6.0)},
+        "token_budget": {"token_budget": ("none", 6.0)},
+        "gpu_token_budget": {"token_budget": ("none", 6.0)},
+        "tour": {**CASES["tour"][1], "token_budget": ("none", 6.0)},
+    },
+    # llama.cpp: no KV gauge, no step data, no LoRA queue, no P/D, no sleep state. Its slots are the simulated
+    # max_num_seqs and a request waits (deferred) only when every slot is busy (kvwatch.sim.exposition_llamacpp).
+    "llamacpp": {
+        "asleep": _ASLEEP,
+        "gpu_asleep": _ASLEEP,
+        # 16 slots, ~70 requests in the server from the first second: the slots really bind, and kvwatch reads
+        # the slot count while requests are deferred.
+        "kv_cache": {"kv_cache": ("max_num_seqs", 6.0)},
+        # ~60-175 requests in the server, 1024 slots: nothing deferred, the KV cache cannot be judged: none.
+        "gpu_kv_cache": {"kv_cache": ("none", 6.0)},
+        "token_budget": {"token_budget": ("none", 6.0)},
+        "gpu_token_budget": {"token_budget": ("none", 6.0)},
+        "max_loras": {"max_loras": ("none", 6.0)},
+        "gpu_max_loras": {"max_loras": ("none", 6.0)},
+        "kv_transfer": {"kv_transfer": ("none", 6.0)},
+        "gpu_kv_transfer": {"kv_transfer": ("none", 6.0)},
+        # The tour's kv_cache phase caps clients at 40 outstanding over 32 slots: requests are first deferred ~9 s
+        # into the phase, so the slot ceiling is named by 11 s; its token_budget phase shows nothing nameable.
+        "tour": {
+            **CASES["tour"][1],
+            "kv_cache": ("max_num_seqs", 11.0),
+            "token_budget": ("none", 6.0),
+        },
+    },
+}
+
+
+# Where kvwatch is wrong today, with the wrong verdict it gives (kept exact: a different wrong name still fails).
+# Each is a rule in kvwatch/diagnose.py standing in for a limit the engine's metrics cannot show, or a limit it
+# shows only through noisy counters; for the lead (diagnose.py), not fixable in the adapters alone.
+KNOWN_WRONG: dict[tuple[str, str], tuple[frozenset[str], str]] = {
+    ("max_loras", "sglang"): (
+        frozenset({"max_num_seqs"}),
+        "running_plateau infers a max_num_seqs ceiling from Running held by the LoRA slots (SGLang exports no LoRA "
+        "queue; its lora_pool_slots_* are not read)",
+    ),
+    ("gpu_max_loras", "sglang"): (
+        frozenset({"max_num_seqs", "token_budget"}),
+        "running_plateau / prefill_paced name a ceiling for a queue held by LoRA slots the engine cannot show",
+    ),
+    ("gpu_token_budget", "sglang"): (
+        frozenset({"none"}),
+        "prefill_paced on realtime_tokens_total (SGLang has no per-step data) flickers to none on long chunked "
+        "prompts: more than the judge's 10% after the lag",
+    ),
+}
+
+
+def _marks(preset: str, engine: str) -> list:
+    known = KNOWN_WRONG.get((preset, engine))
+    # Not strict: the simulation is deterministic, but which scrape phases go wrong is the rule's business; the
+    # wrong verdicts themselves are pinned in test_a_limit_the_engine_cannot_show_is_never_named_as_another.
+    return [pytest.mark.xfail(reason=known[1], strict=False)] if known else []
+
+
+def expected(engine: str, preset: str) -> dict[str, tuple[str, float]]:
+    return OVERRIDES[engine].get(preset, CASES[preset][1])
+
+
+@functools.cache  # one simulation per preset and scrape phase, diagnosed by every engine's two targets
+def observe(preset: str, offset: float) -> dict[tuple[str, bool], list[Poll]]:
+    scenario = load_scenario(preset)
+    cfg = scenario.phases[0].engine
+    hints = Hints(cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_model_len)
+    targets = {
+        (e, h): Target(f"sim://{preset}/{e}", hints=hints if h else Hints()) for e in ENGINES for h in (False, True)
+    }
+    sim = Simulator(scenario, seed=11, wall_start=1.8e9)
+    polls: dict[tuple[str, bool], list[Poll]] = {k: [] for k in targets}
+    for k in range(1, int(seconds(preset)) + 1):
+        sim.advance_to(k + offset)
+        bodies = {e: EXPOSITIONS[e].render(sim) for e in ENGINES}
+        for (e, h), target in targets.items():
+            target.observe_body(sim.virtual_time, bodies[e])
+            assert target.engine_kind is by_name(EXPOSITIONS[e].engine), (preset, e, target.engine_kind)
+            (engine,) = target.diagnose(sim.virtual_time).engines
+            q = engine.signals.queue
+            polls[e, h].append(Poll(sim.now, sim.phase_name, sim.phase_start, engine.bottleneck, q.running, q.waiting))
+    return polls
+
+
+#: where in the simulated second kvwatch scrapes (test_sim_hints scrapes ten; three here, for three engines)
+OFFSETS = (0.0, 0.3, 0.7)
+
+
+@pytest.mark.parametrize("offset", OFFSETS)
+@pytest.mark.parametrize("hinted", [False, True], ids=["no-hints", "hints"])
+@pytest.mark.parametrize(
+    ("preset", "engine"),
+    [pytest.param(p, e, marks=_marks(p, e), id=f"{p}-{e}") for p in CASES for e in ENGINES],
+)
+def test_preset_is_diagnosed_as_the_engine_can_show(preset, engine, hinted, offset):
+    want = expected(engine, preset)
+    assert judge(f"{preset}/{engine}", observe(preset, offset)[engine, hinted], 1.0, want).judged >= len(want)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_expected_verdicts_name_only_limits_the_engine_can_show(engine):
+    """The table above never expects a limit the engine's metrics cannot show, and changes vLLM's expectation
+    only where the engine cannot show it (or, llama.cpp, where its slots bind instead)."""
+    can = shows(engine)
+    for preset in CASES:
+        for phase, (want, _) in expected(engine, preset).items():
+            assert want in can | {"none", "idle"}, (engine, preset, phase, want)
+            vllm_want = CASES[preset][1][phase][0]
+            if want != vllm_want and engine != "llamacpp":
+                assert vllm_want not in can, (engine, preset, phase)
+
+
+@pytest.mark.parametrize("hinted", [False, True], ids=["no-hints", "hints"])
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_limit_the_engine_cannot_show_is_never_named_as_another(engine, hinted):
+    """In a phase whose limit the engine cannot show, kvwatch says the verdict the table expects, none or (requests
+    waiting, no limit it can name) undetermined, at every scrape once the window holds only that phase (a tour's phase
+    starts with the last one's samples), at every phase of the second: never some other limit (max_num_seqs,
+    token_budget, kv_cache) beyond the known wrong verdicts above, which are pinned: a new wrong name fails."""
+    can = shows(engine)
+    window = Target("x").window_seconds
+    for preset, (_, phases) in CASES.items():
+        for phase, (vllm_want, _) in phases.items():
+            if vllm_want in can | {"none", "idle"}:
+                continue
+            known = KNOWN_WRONG.get((preset, engine), (frozenset(), ""))[0]
+            allowed = {expected(engine, preset)[phase][0], str(Bottleneck.NONE), str(Bottleneck.UNDETERMINED)} | known
+            for offset in OFFSETS:
+                polls = observe(preset, offset)[engine, hinted]
+                named = {
+                    p.bottleneck
+                    for p in polls
+                    if p.phase == phase and (p.phase_start == 0 or p.sim_time - p.phase_start >= window)
+                }
+                assert named and named <= allowed, (preset, engine, phase, offset, named - allowed)
