@@ -104,5 +104,5 @@ def test_fleet_rules_and_dashboard_for_sglang_and_llamacpp_pods(tmp_path):
             # llama.cpp: the KV cache and the token budget are never named; over the run it is one of the others.
             seen = prom.query(f'max_over_time(engine:vllm_bottleneck:approx{{pod="{LLAMA_POD}"}}[2m]) == 1')
             states = {r["metric"]["bottleneck"] for r in seen}
-            assert states and states <= {"stalled", "max_num_seqs", "none", "idle"}, states
+            assert states and not states & {"kv_cache", "token_budget"}, states
             print(f"\nllama.cpp pod: states {sorted(states)}; panels without data: {sorted(llama_empty)}")
