@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from kvwatch.catalog import Bottleneck, KvPressure, Thresholds
+from kvwatch.engines import ENGINES, llamacpp, sglang, trtllm
 
 JSON = dict[str, Any]
 
@@ -105,7 +106,21 @@ def query(expr: str, legend: str = "__auto", *, instant: bool = False, table: bo
     return q
 
 
-METRIC_RE = re.compile(r"\b((?:kvwatch_|vllm:)[A-Za-z0-9_:]+|[a-z_]+:[a-z0-9_]+:[a-z0-9_]+)\b")
+SAMPLE_SUFFIXES = ("", "_total", "_bucket", "_count", "_sum")
+# The other engines' families as their adapters keep them (kvwatch/engines/*.py KEEP_FAMILIES), with their samples'
+# suffixes (counters' _total, histograms' series). trtllm-serve's first builds' unprefixed spellings are left out:
+# generic words (prompt_tokens) that no query reads.
+_UNPREFIXED = {n for n in trtllm.KEEP_FAMILIES if trtllm.PREFIX + n in trtllm.KEEP_FAMILIES}
+ENGINE_SAMPLES = frozenset(
+    family + suffix
+    for family in (sglang.KEEP_FAMILIES | trtllm.KEEP_FAMILIES | llamacpp.KEEP_FAMILIES) - _UNPREFIXED
+    for suffix in SAMPLE_SUFFIXES
+)
+METRIC_RE = re.compile(
+    r"\b((?:kvwatch_|vllm:)[A-Za-z0-9_:]+|"
+    + "|".join(map(re.escape, sorted(ENGINE_SAMPLES, key=len, reverse=True)))
+    + r"|[a-z_]+:[a-z0-9_]+:[a-z0-9_]+)\b"
+)
 
 
 def metrics_in(exprs: list[str]) -> list[str]:
@@ -507,7 +522,7 @@ def dashboard(uid: str, title: str, description: str, layout: Layout, variables:
         "panels": layout.panels,
         "refresh": "30s",
         "schemaVersion": SCHEMA_VERSION,
-        "tags": [TAG, "vllm"],
+        "tags": [TAG, *(e.name for e in ENGINES)],
         "templating": {"list": variables},
         "time": {"from": "now-1h", "to": "now"},
         "timepicker": {},

@@ -1,9 +1,10 @@
-"""kvwatch / Fleet: every vLLM pod at once, from vLLM's own metrics through the fleet recording rules (no
-sidecar needed)."""
+"""kvwatch / Fleet: every engine pod at once (vLLM, SGLang, TensorRT-LLM, llama.cpp), from the engines' own metrics
+through the fleet recording rules (no sidecar needed)."""
 
 from __future__ import annotations
 
-from kvwatch.catalog import Bottleneck
+from kvwatch.catalog import Action, Bottleneck
+from kvwatch.engines import ENGINES
 
 from grafana.common import (
     ANY_IS_BAD, DASHED, ENGINE, JSON, KV_STEPS, NO_FILL, THRESHOLDS, TOKENS, TOKENS_PER_S, WAITING_STEPS, Layout,
@@ -14,8 +15,10 @@ from grafana.common import (
 
 class Fleet:
     """Per-engine recording rules of alerts/kvwatch-rules.yaml (group ``vllm.fleet*``), computed by
-    Prometheus from the raw ``vllm:*`` metrics. Each keeps the scrape's labels (namespace, pod, job,
-    instance) plus model_name and engine, so the scope variables filter them like any other series."""
+    Prometheus from each engine's raw metrics (``vllm:*``, ``sglang:*``, ``trtllm_*`` / ``nv_trt_llm_*``,
+    ``llamacpp:*``). Each keeps the scrape's labels (namespace, pod, job, instance) plus the engine's own
+    (vLLM's model_name and engine, SGLang's model_name and dp_rank; llama.cpp has no model_name), so the scope
+    variables filter them like any other series."""
 
     kv_usage_max = "engine:vllm_kv_cache_usage:max1m"
     running = "engine:vllm_num_requests_running:avg1m"
@@ -29,8 +32,20 @@ class Fleet:
     bottleneck = "engine:vllm_bottleneck:approx"
 
 
-# The rules' approximation knows no `unreachable` (a pod that cannot be scraped has no vllm:* series).
+# The rules' approximation knows no `unreachable` (a pod that cannot be scraped has no engine series).
 FLEET_BOTTLENECKS = [b for b in Bottleneck if b is not Bottleneck.UNREACHABLE]
+
+
+def flags(action: Action) -> str:
+    """Every engine's spelling of ``action``, from its adapter: "vLLM `--max-num-seqs`, SGLang `...`, ..."."""
+    return ", ".join(f"{e.title} `{e.flag(action)}`" for e in ENGINES if e.flag(action))
+
+
+# What the fleet rules cannot read for some engines (docs/alerts.md, "Fleet rules per engine").
+NOT_ALL_ENGINES = (
+    "llama.cpp exports no KV gauge (since May 2025) and no context size, TensorRT-LLM and llama.cpp no "
+    "preemptions: their rows and sums leave those out."
+)
 BY_POD_MODEL = "namespace, pod, model_name"
 POD_MODEL_LEGEND = "{{pod}} · {{model_name}}"
 
@@ -42,7 +57,8 @@ def engine_tiles() -> list[JSON]:
     return [
         stat(
             "Engines reporting",
-            "vLLM engines (pod · model · engine) whose metrics Prometheus scrapes in the selection.",
+            "Engines (vLLM, SGLang, TensorRT-LLM, llama.cpp: one per vLLM engine, SGLang data-parallel rank, "
+            "server) whose metrics Prometheus scrapes in the selection.",
             "Fewer than the replicas you run: a pod is down, still loading its model, or not scraped; "
             "check the Prometheus targets page and the pod's events.",
             ENGINE.agg("count", Fleet.running),
@@ -51,7 +67,8 @@ def engine_tiles() -> list[JSON]:
         stat(
             "Engines KV-bound",
             "Engines the fleet rules classify as KV-cache bound over the last minute: a queue while KV "
-            f"usage reached {THRESHOLDS.admission_stall:.0%} or requests were preempted.",
+            f"usage reached {THRESHOLDS.admission_stall:.0%} or requests were preempted (retracted, in SGLang). "
+            "Never llama.cpp without a KV gauge: its KV cache cannot be judged from /metrics.",
             "Some KV-bound while others idle: the load balancer ignores KV pressure; route by queue "
             "length or KV usage. All KV-bound: add replicas or KV capacity (FP8 KV cache, more GPU "
             "memory).",
@@ -77,7 +94,7 @@ def kv_tiles() -> list[JSON]:
     return [
         stat(
             "Max KV cache usage",
-            "KV-cache usage of the fullest selected engine (its maximum over the last minute).",
+            "KV-cache usage of the fullest selected engine (its maximum over the last minute). " + NOT_ALL_ENGINES,
             f"Above {THRESHOLDS.admission_stall:.0%} on one pod while the others are low: uneven routing. High "
             "everywhere: add replicas or KV capacity.",
             ENGINE.agg("max", Fleet.kv_usage_max),
@@ -86,18 +103,20 @@ def kv_tiles() -> list[JSON]:
         ),
         stat(
             "Preemptions / s",
-            "Requests preempted per second across the selected engines (1-minute rate).",
-            "Sustained preemptions waste compute on recomputing KV: lower `--max-num-seqs` on the "
-            "preempting pods or add KV capacity.",
+            "Requests preempted (SGLang: retracted) per second across the selected engines (1-minute rate). "
+            "TensorRT-LLM pauses requests instead and llama.cpp never preempts: they add nothing here.",
+            "Sustained preemptions waste compute on recomputing KV: lower the running-request ceiling on the "
+            f"preempting pods ({flags(Action.LOWER_MAX_NUM_SEQS)}) or add KV capacity.",
             ENGINE.agg("sum", Fleet.preemptions),
             unit="reqps",
             steps=ANY_IS_BAD,
         ),
         stat(
             "KV cache capacity",
-            "KV-cache tokens of all selected engines together (vLLM's `cache_config_info`).",
+            "KV-cache tokens of all selected engines together (vLLM's `cache_config_info`, SGLang's "
+            "`max_total_num_tokens`, TensorRT-LLM's KV blocks × tokens per block; llama.cpp exports none).",
             "Compare with *Capacity vs demand*: if demand outgrows what this capacity holds, add "
-            "replicas or use an FP8 KV cache (twice the tokens in the same memory).",
+            f"replicas or use an FP8 KV cache (twice the tokens in the same memory: {flags(Action.FP8_KV_CACHE)}).",
             ENGINE.agg("sum", Fleet.capacity_tokens),
             unit=TOKENS,
         ),
@@ -112,7 +131,7 @@ def kv_heat_map() -> JSON:
         "KV cache usage by pod (heat map)",
         f"One row per pod · model, coloured by its KV-cache usage (maximum over the last minute): "
         f"green below {THRESHOLDS.admission_stall:.0%}, orange above (admission stall), red above "
-        f"{THRESHOLDS.preemption_risk:.0%} (preemption risk).",
+        f"{THRESHOLDS.preemption_risk:.0%} (preemption risk). llama.cpp pods without a KV gauge have no row.",
         "Rows red while others stay green: the load balancer ignores KV pressure; route by queue "
         "length or KV usage. All rows red: the fleet is short of KV capacity; add replicas.",
         [query(ENGINE.agg("max", Fleet.kv_usage_max, by=BY_POD_MODEL), POD_MODEL_LEGEND)],
@@ -126,11 +145,14 @@ def engines_by_bottleneck() -> JSON:
     return timeseries(
         "Engines by bottleneck",
         "How many engines are in each state, as the fleet recording rules approximate kvwatch's "
-        "diagnosis from vLLM's own metrics (without kvwatch's `max_num_seqs` / token-budget hints): "
-        "*KV cache*, *max_num_seqs*, *token budget*, *stalled*, *none* (serving, no queue), *idle*.",
-        "KV cache: add KV capacity or replicas. max_num_seqs: raise `--max-num-seqs` on those pods. "
-        "Token budget: raise `--max-num-batched-tokens`. Stalled: restart the engine. Confirm "
-        "with the kvwatch sidecar on one of the pods.",
+        "diagnosis from the engines' own metrics (without kvwatch's `max_num_seqs` / token-budget hints): "
+        "*KV cache*, *max_num_seqs* (the running-request ceiling), *token budget*, *stalled*, *none* (serving, "
+        "no queue), *idle*. Only vLLM shows the token budget; llama.cpp without a KV gauge is never KV-bound "
+        "here; engines whose token counters move as requests finish (trtllm-serve, SGLang without "
+        "`realtime_tokens_total`) are never called stalled.",
+        f"KV cache: add KV capacity or replicas. max_num_seqs: raise {flags(Action.RAISE_MAX_NUM_SEQS)} on "
+        f"those pods. Token budget: raise {flags(Action.RAISE_MAX_NUM_BATCHED_TOKENS)}. Stalled: restart the "
+        "engine. Confirm with the kvwatch sidecar on one of the pods.",
         [query(ENGINE.agg("sum", Fleet.bottleneck, by="bottleneck"), "{{bottleneck}}")],
         unit="none",
         overrides=[override(str(b), fixed_color(b.colour)) for b in FLEET_BOTTLENECKS],
@@ -156,7 +178,7 @@ def capacity_vs_demand() -> JSON:
         "Capacity vs demand",
         "Demand (requests running + waiting, 1-minute means) against capacity: how many requests "
         "of the observed mean length (prompt + output) the selected engines' KV caches hold "
-        "together.",
+        "together (no llama.cpp: it exports neither its context size nor finished requests).",
         "Demand above capacity: requests queue on the KV cache; add replicas, use an FP8 KV cache, "
         "or shorten sequences. Demand far below capacity on every pod: the fleet is over-provisioned.",
         [
@@ -180,7 +202,8 @@ def tokens() -> JSON:
         "Prompt vs generation tokens / s",
         "Prefill tokens computed (cached prompt tokens excluded) and tokens generated per second "
         "across the selected engines; the shaded series (right axis) counts engines in the "
-        "throughput gap (prefill ~0 while generation goes on and requests wait).",
+        "throughput gap (prefill ~0 while generation goes on and requests wait). TensorRT-LLM and llama.cpp "
+        "count tokens as requests finish (lumpy; no gap from them); Triton's backend counts none.",
         "Engines in the gap have admission gated: by free KV blocks if they are KV-bound, by the "
         "sequence ceiling otherwise. See *Engines by bottleneck*.",
         [
@@ -204,9 +227,10 @@ def build() -> JSON:
     return dashboard(
         "kvwatch-fleet",
         "kvwatch / Fleet",
-        "All vLLM pods at once, from vLLM's own metrics through the fleet recording rules of "
-        "alerts/kvwatch-rules.yaml (no sidecar needed): KV usage heat map, engines by bottleneck, "
-        "capacity vs demand.",
+        "All engine pods at once (vLLM, SGLang, TensorRT-LLM, llama.cpp), from the engines' own metrics through "
+        "the fleet recording rules of alerts/kvwatch-rules.yaml (no sidecar needed): KV usage heat map, engines "
+        "by bottleneck, capacity vs demand.",
         layout,
-        scope_variables("vllm:num_requests_running", "vllm:num_requests_running"),
+        # The rules' series, not one engine's raw family: every engine's pods and models are offered.
+        scope_variables(Fleet.running, Fleet.running),
     )

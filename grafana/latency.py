@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from kvwatch.engines import sglang, trtllm
+from kvwatch.snapshot import Hist
+
 from grafana.common import (
-    BY_ENGINE, DASHED, ENGINE, ENGINE_LEGEND, JSON, NO_FILL, SLO_STEPS, Layout, agg, custom_variable, dashboard,
+    BY_ENGINE, DASHED, ENGINE, ENGINE_LEGEND, JSON, NO_FILL, RATE, SLO_STEPS, Layout, agg, custom_variable, dashboard,
     divide, fixed_color, kvwatch_variables, override, query, stat, timeseries,
 )
 
@@ -27,14 +30,38 @@ def p99(metric: str, by: str = "") -> str:
     return ENGINE.agg("max", metric, 'quantile="0.99"', by=by)
 
 
-def slo_attainment(histogram: str, variable: str) -> str:
-    """Share of observations at or under ``$variable`` seconds (a bucket bound) over the rate interval."""
-    within = ENGINE.sum_rate(f"{histogram}_bucket", f'le="${variable}"')
-    return divide(within, ENGINE.sum_rate(f"{histogram}_count"))
+def engine_histograms(vllm_name: str, hist: Hist) -> list[str]:
+    """The histogram of ``hist`` in every engine that exports one, as its adapter names it (kvwatch/engines/*.py):
+    vLLM, SGLang, trtllm-serve. llama.cpp exports no histograms, Triton's TensorRT-LLM backend none of these."""
+    return (
+        [vllm_name]
+        + [name for name, h in sglang.HISTOGRAMS.items() if h is hist]
+        + [trtllm.PREFIX + name for name, h in trtllm.HISTOGRAMS.items() if h is hist]
+    )
 
 
-TTFT_SLO = slo_attainment("vllm:time_to_first_token_seconds", "ttft_slo")
-ITL_SLO = slo_attainment("vllm:inter_token_latency_seconds", "itl_slo")
+def slo_attainment(histograms: list[str], variable: str) -> str:
+    """Share of observations at or under ``$variable`` seconds (a bucket bound) over the rate interval, over the
+    engines' histograms that have that bound (the engines' buckets differ: one without it is left out, not
+    counted as all-late)."""
+    bound = f'le="${variable}"'
+    within = agg("sum", " or ".join(f"rate({ENGINE.sel(f'{h}_bucket', bound)}[{RATE}])" for h in histograms))
+    observed = agg(
+        "sum",
+        " or ".join(
+            f"(rate({ENGINE.sel(f'{h}_count')}[{RATE}]) and ignoring (le) {ENGINE.sel(f'{h}_bucket', bound)})"
+            for h in histograms
+        ),
+    )
+    return divide(within, observed)
+
+
+TTFT_SLO = slo_attainment(
+    engine_histograms("vllm:time_to_first_token_seconds", Hist.TIME_TO_FIRST_TOKEN_SECONDS), "ttft_slo"
+)
+ITL_SLO = slo_attainment(
+    engine_histograms("vllm:inter_token_latency_seconds", Hist.INTER_TOKEN_LATENCY_SECONDS), "itl_slo"
+)
 
 
 def quantile_panel(title: str, metric: str, what: str, todo: str, extra: list[tuple[str, str, str]] = ()) -> JSON:
@@ -90,7 +117,8 @@ def slo_tiles() -> list[JSON]:
         stat(
             "TTFT SLO attainment",
             "Share of requests whose time to first token was within the *TTFT SLO* variable, across "
-            "the selected engines (from vLLM's histogram).",
+            "the selected engines (from the engines' own histograms: vLLM, SGLang, TensorRT-LLM; an engine whose "
+            "buckets lack that bound is left out; llama.cpp exports none).",
             "Under target: find the cause in *Queue time* (queueing) vs prefill time; queueing is "
             "fixed on the Overview dashboard, slow prefill by prefix caching or a larger token budget.",
             TTFT_SLO,
@@ -100,7 +128,8 @@ def slo_tiles() -> list[JSON]:
         stat(
             "ITL SLO attainment",
             "Share of inter-token gaps within the *ITL SLO* variable, across the selected engines "
-            "(from vLLM's histogram).",
+            "(from the engines' own histograms: vLLM, SGLang, TensorRT-LLM; an engine whose buckets lack that bound "
+            "is left out; llama.cpp exports none).",
             "Under target: decoding is slowed by large batches or long prefills mixed into decode "
             "steps; lower `--max-num-batched-tokens` or `--max-num-seqs`, or add replicas.",
             ITL_SLO,
@@ -150,8 +179,9 @@ def slo_attainment_panel() -> JSON:
     return timeseries(
         "SLO attainment",
         "Share of requests within the *TTFT SLO* and of inter-token gaps within the *ITL SLO* "
-        "(dashboard variables; they must be bucket bounds of vLLM's histograms), from vLLM's own "
-        "histograms across the selected engines. No line while there is no traffic.",
+        "(dashboard variables; they must be bucket bounds of vLLM's histograms), from the engines' own "
+        "histograms across the selected engines (vLLM, SGLang, TensorRT-LLM; an engine whose buckets lack the "
+        "bound is left out; llama.cpp exports no histograms). No line while there is no traffic.",
         "Dips line up with queueing (see *Queue time* and the Overview bottleneck): fix the "
         "binding limit, or add replicas if every limit is already tuned.",
         [query(TTFT_SLO, "TTFT ≤ ${ttft_slo}s"), query(ITL_SLO, "ITL ≤ ${itl_slo}s")],
@@ -200,7 +230,8 @@ def variables() -> list[JSON]:
             "TTFT SLO (s)",
             TTFT_SLO_OPTIONS,
             TTFT_SLO_DEFAULT,
-            "Time-to-first-token objective in seconds; one of vLLM's histogram bucket bounds.",
+            "Time-to-first-token objective in seconds; one of vLLM's histogram bucket bounds (SGLang's TTFT "
+            "buckets share 0.1, 1.0 and 10.0).",
         ),
         custom_variable(
             "itl_slo",
@@ -226,7 +257,7 @@ def build() -> JSON:
         "kvwatch-latency",
         "kvwatch / Latency",
         "Time to first token, inter-token latency and queue time quantiles (kvwatch), and SLO attainment "
-        "(vLLM's histograms).",
+        "(the engines' histograms).",
         layout,
         variables(),
     )

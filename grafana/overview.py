@@ -268,13 +268,19 @@ def step_tokens() -> JSON:
 
 
 def scrape_success() -> JSON:
+    by = f"{BY_POD}, target"
+    up = POD.agg("min", "kvwatch_up", by=by)
+    # The engine each target is read as (kvwatch_target_info, absent until one is recognised: then no engine_type).
+    info = POD.agg("max", "kvwatch_target_info", by=f"{by}, engine_type")
+    up_by_engine = f"{up} * on ({by}) group_left (engine_type) {info} or ({up} unless on ({by}) {info})"
     return timeseries(
         "Scrape success",
-        "1 while kvwatch's last scrape of each vLLM target succeeded, 0 while it fails.",
-        "0 for longer than a model load: check vLLM's health, the `--target` URL and the bearer "
-        "token; kvwatch withdraws the derived series after `--stale-after` so the other panels "
-        "go blank rather than freeze.",
-        [query(POD.agg("min", "kvwatch_up", by=f"{BY_POD}, target"), "{{pod}} · {{target}}")],
+        "1 while kvwatch's last scrape of each target succeeded, 0 while it fails; the legend names the engine "
+        "kvwatch reads the target as (`engine_type`: vllm, sglang, trtllm, llamacpp; none until recognised).",
+        "0 for longer than a model load: check the engine's health, the `--target` URL (trtllm-serve serves "
+        "Prometheus text at `/prometheus/metrics`) and the bearer token; kvwatch withdraws the derived series "
+        "after `--stale-after` so the other panels go blank rather than freeze.",
+        [query(up_by_engine, "{{pod}} · {{target}} · {{engine_type}}")],
         unit="bool",
         max_value=1,
         stepped=True,

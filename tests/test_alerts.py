@@ -176,6 +176,29 @@ def test_recording_rules_use_real_vllm_names():
     assert used <= names, used - names
 
 
+ENGINE_NAME = re.compile(r"\b((?:sglang:|llamacpp:|trtllm_|nv_trt_llm_)[a-z_]+)")
+SAMPLE_SUFFIXES = ("_total", "_bucket", "_count", "_sum")
+
+
+def test_fleet_rules_read_the_families_the_adapters_read():
+    """Every other engine's name in the fleet rules is a family its adapter keeps (kvwatch/engines/*.py) or one its
+    FAMILIES.md documents from the engine's source (Triton's iteration counter), and each engine has its rules."""
+    from kvwatch.engines import llamacpp, sglang, trtllm
+
+    families = REPO / "tests" / "fixtures" / "engines"
+    known = set().union(sglang.KEEP_FAMILIES, trtllm.KEEP_FAMILIES, llamacpp.KEEP_FAMILIES)
+    documented = "".join((families / e / "FAMILIES.md").read_text() for e in ("sglang", "trtllm", "llamacpp"))
+    fleet = [r for g in yaml.safe_load((ALERTS / "kvwatch-rules.yaml").read_text())["groups"]
+             if g["name"].startswith("vllm.fleet") for r in g["rules"]]
+    used = set(ENGINE_NAME.findall("".join(str(r["expr"]) for r in fleet)))
+    for name in used:
+        family = next((name.removesuffix(s) for s in SAMPLE_SUFFIXES if name.endswith(s)), name)
+        bare = family.removeprefix("sglang:").removeprefix("llamacpp:")
+        assert family in known or f"`{family}`" in documented or f"`{bare}`" in documented, name
+    for prefix in ("sglang:", "llamacpp:", "trtllm_", "nv_trt_llm_"):
+        assert any(n.startswith(prefix) for n in used), prefix
+
+
 # -- runbooks --------------------------------------------------------------------------------------------------
 
 

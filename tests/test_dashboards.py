@@ -5,7 +5,8 @@
 - the conventions (datasource variable, scope variables, uids, panel types, units, descriptions, rate interval);
 - every query parses as PromQL once the Grafana variables are substituted;
 - every metric a query names is exported by kvwatch (docs/metrics.md's table, and kvwatch/catalog.py's FAMILIES),
-  by vLLM 0.32 (real captures in tests/fixtures/vllm-0.32.0-cpu) or recorded by a rule in alerts/.
+  by vLLM 0.32 (real captures in tests/fixtures/vllm-0.32.0-cpu), by another engine (a family its adapter keeps,
+  kvwatch/engines/*.py KEEP_FAMILIES) or recorded by a rule in alerts/.
 
 The real-Prometheus proof that every query returns data is tests/test_dashboards_prometheus.py.
 """
@@ -253,7 +254,7 @@ def test_query_conventions(name, panel, target):
         assert m.get("namespace") == ("=~", "<namespace>"), f"{vs.name} not scoped by $namespace"
         assert m.get("pod") == ("=~", "<pod>"), f"{vs.name} not scoped by $pod"
         if vs.name not in {"kvwatch_up", "kvwatch_scrape_duration_seconds", "kvwatch_scrape_errors_total",
-                           "kvwatch_target_bottleneck", "kvwatch_build_info"}:
+                           "kvwatch_target_bottleneck", "kvwatch_build_info", "kvwatch_target_info"}:
             assert m.get("model_name") == ("=~", "<model_name>"), f"{vs.name} not scoped by $model_name"
 
 
@@ -350,12 +351,42 @@ def test_every_queried_metric_is_defined():
             elif metric.startswith("vllm:"):
                 if metric not in vllm:
                     problems.append(f"{where} is not exported by vLLM 0.32 (tests/fixtures/vllm-0.32.0-cpu)")
+            elif metric in common.ENGINE_SAMPLES:
+                continue  # a family (or its samples) another engine's adapter reads
             elif metric.count(":") == 2:
                 if metric not in recorded:
                     problems.append(f"{where} is not recorded by any rule in alerts/")
             else:
-                problems.append(f"{where}: neither kvwatch, vLLM nor a recording rule")
+                problems.append(f"{where}: neither kvwatch, an engine's family nor a recording rule")
     assert not problems, "\n".join(problems)
+
+
+def test_engine_families_come_from_the_adapters():
+    """The other engines' names a query may use are the adapters' families (not re-spelled here), and the latency
+    SLO panels read every engine's histogram its adapter reads."""
+    from kvwatch.engines import llamacpp, sglang, trtllm
+
+    assert "sglang:num_queue_reqs" in common.ENGINE_SAMPLES and "llamacpp:requests_deferred" in common.ENGINE_SAMPLES
+    assert "trtllm_time_to_first_token_seconds_bucket" in common.ENGINE_SAMPLES
+    assert "prompt_tokens_total" not in common.ENGINE_SAMPLES  # trtllm-serve's unprefixed generic words
+    assert {f for f in common.ENGINE_SAMPLES if not f.endswith(common.SAMPLE_SUFFIXES[1:])} <= (
+        sglang.KEEP_FAMILIES | trtllm.KEEP_FAMILIES | llamacpp.KEEP_FAMILIES
+    )
+    exprs = [t["expr"] for _, p, t in all_queries() if p["title"] == "SLO attainment"]
+    for name in ("vllm:time_to_first_token_seconds_bucket", "sglang:time_to_first_token_seconds_bucket",
+                 "trtllm_time_to_first_token_seconds_bucket", "sglang:inter_token_latency_seconds_count",
+                 "trtllm_time_per_output_token_seconds_count"):
+        assert name in common.metrics_in(exprs), name
+
+
+def test_fleet_dashboard_reads_only_the_fleet_rules():
+    """The Fleet dashboard (no sidecar) reads every engine through the fleet rules: no raw engine family, not
+    even in its variables, so an SGLang- or llama.cpp-only fleet fills it too."""
+    fleet = DASHBOARDS["kvwatch-fleet"]
+    exprs = [t["expr"] for _, t in common.panel_queries(fleet)]
+    exprs += [v["query"] for v in fleet["templating"]["list"] if v["type"] == "query"]
+    names = common.metrics_in(exprs)
+    assert names and all(n.startswith(("engine:vllm_", "namespace_model:vllm_")) for n in names), names
 
 
 def state_codes(label: str) -> dict[str, int]:
