@@ -7,7 +7,7 @@
 #   make e2e        the real-vLLM lane (bash .ci/e2e.sh; installs vLLM's CPU build on first use)
 #   make bench      the benchmark (python -m bench; ARGS=--quick for a smoke run)
 #   make generate   rewrite the generated dashboards, PrometheusRule, runbook links and docs tables
-#   make lint       ruff check, ruff format --check, mypy (kvwatch/)
+#   make lint       ruff check and ruff format --check of the whole tree; mypy of kvwatch, bench, grafana, docs, alerts
 #   make screenshot rewrite docs/status-page.png, the README's picture (kvwatch demo in headless Chromium, ~1 min)
 #
 # ARGS is passed on to pytest / bench, e.g. `make test ARGS='-k parse -x'`.
@@ -19,7 +19,7 @@ ARGS ?=
 # module's tests (and its module-scoped servers) on one worker. WORKERS=0 runs it serially.
 WORKERS ?= 3
 PYTEST := $(PY) -m pytest
-LINT_PATHS := kvwatch
+LINT_PATHS := .
 
 # The steps share one machine (and the e2e lane wants all of it): never run them side by side under -j.
 .NOTPARALLEL:
@@ -66,7 +66,7 @@ lint:
 	@rc=0; \
 	echo "=== ruff check"; $(PY) -m ruff check $(LINT_PATHS) || rc=1; \
 	echo "=== ruff format --check"; $(PY) -m ruff format --check $(LINT_PATHS) || rc=1; \
-	echo "=== mypy (kvwatch/)"; $(PY) -m mypy || rc=1; \
+	echo "=== mypy (kvwatch/, bench/, grafana/, docs/; alerts/ apart)"; $(PY) -m mypy || rc=1; $(PY) -m mypy alerts || rc=1; \
 	exit $$rc
 
 # Not part of `generate`: a picture is never byte-identical twice, so no check can hold it. Run it when the page

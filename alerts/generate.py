@@ -63,9 +63,7 @@ def load_groups(sources: tuple[str, ...] = SOURCES) -> list[dict]:
 
 # A page that follows from kvwatch's diagnosis (reads its bottleneck or preemptions) requires this.
 DIAGNOSIS_SERIES = ("kvwatch_bottleneck", "kvwatch_preemptions_per_second")
-CONFIDENCE_GATE = (
-    'kvwatch_diagnosis_confidence{confidence=~"' + "|".join(c for c in Confidence if c.pages) + '"} == 1'
-)
+CONFIDENCE_GATE = 'kvwatch_diagnosis_confidence{confidence=~"' + "|".join(c for c in Confidence if c.pages) + '"} == 1'
 
 
 def page_problems() -> list[str]:
@@ -90,12 +88,14 @@ def vocabulary_problems() -> list[str]:
     page on the diagnosis requires the confidence levels that page."""
     text = "".join((HERE / name).read_text() for name in SOURCES)
     runbooks = RUNBOOKS.read_text()
-    problems = [f"unknown bottleneck {b!r}" for b in sorted(set(re.findall(r'bottleneck="([a-z_]+)"', text)) - set(Bottleneck))]
+    problems = [
+        f"unknown bottleneck {b!r}" for b in sorted(set(re.findall(r'bottleneck="([a-z_]+)"', text)) - set(Bottleneck))
+    ]
     for b in Bottleneck:
         # unreachable: kvwatch_up == 0; undetermined names no limit (requests wait, too little history): no alert
         if b.severity > Bottleneck.NONE.severity and b not in (Bottleneck.UNREACHABLE, Bottleneck.UNDETERMINED):
             if f'kvwatch_bottleneck{{bottleneck="{b}"}}' not in text:
-                problems.append(f"no alert on kvwatch_bottleneck{{bottleneck=\"{b}\"}}")
+                problems.append(f'no alert on kvwatch_bottleneck{{bottleneck="{b}"}}')
     ranked = re.findall(r'vector\((\d+)\), "action", "([a-z0-9_]+)"', text)
     if ranked != [(str(i + 1), str(a)) for i, a in enumerate(Action)]:
         problems.append(f"kvwatch:recommendation_action:cost_rank lists {ranked}, not the catalogue's actions in order")

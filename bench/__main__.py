@@ -26,6 +26,7 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Callable
 
 SECTIONS = ("cycle", "scaling", "memory", "fanin", "detect", "logs", "report")
 GOALS = {"ratio": 0.2, "peak_rss_mib": 64.0, "fanin": 200, "detect_intervals": 2.0, "report_ratio": 1.5}
@@ -67,7 +68,9 @@ def _machine() -> dict:
         "cores": os.cpu_count(),
         "python": platform.python_version(),
         "kvwatch": __version__,
-        "prometheus_client": prometheus_client.__version__ if hasattr(prometheus_client, "__version__") else _dist("prometheus_client"),
+        "prometheus_client": prometheus_client.__version__
+        if hasattr(prometheus_client, "__version__")
+        else _dist("prometheus_client"),
         "loadavg_start": os.getloadavg(),
     }
 
@@ -113,8 +116,8 @@ def run_scaling(quick: bool) -> dict:
         bodies = real if k == 1 else [relabel(b, k, 1) for b in (real[:6] if quick else real[:24])]
         out[f"{k}x"] = run(bodies, rounds=rounds)
     base = out["1x"]
-    for k in ("1x", "4x", "16x"):
-        r = out[k]
+    for key in ("1x", "4x", "16x"):
+        r = out[key]
         r["size_factor"] = r["samples"] / base["samples"]
         r["cost_factor"] = r["cycle_ms"] / base["cycle_ms"]
         # cost per sample relative to 1x: <= 1 means no worse than linear
@@ -136,7 +139,7 @@ def run_fanin(quick: bool, check: bool = False) -> dict:
     from bench.fanin import measure
     from bench.procs import payload_server
 
-    ladder = [20] if quick else [GOALS["fanin"]] if check else [100, 200, 300, 400, 500, 600, 700, 800]
+    ladder = [20] if quick else [int(GOALS["fanin"])] if check else [100, 200, 300, 400, 500, 600, 700, 800]
     seconds, warmup = (4.0, 3.0) if quick else (20.0, 6.0)
     levels = []
     with payload_server(fanin=max(ladder), cpu=0) as srv:
@@ -295,14 +298,18 @@ def gate_failures(res: dict, gates: dict = GATES) -> list[str]:
     if over:
         out.append(f"cycle/parse-baseline above {gates['ratio']:g} (goal {GOALS['ratio']:g}): {over}")
     if "memory" in res and not res["memory"]["peak_rss_mib"] <= gates["peak_rss_mib"]:
-        out.append(f"peak RSS of kvwatch run {res['memory']['peak_rss_mib']:.1f} MiB, above {gates['peak_rss_mib']:g} "
-                   f"(goal {GOALS['peak_rss_mib']:g})")
+        out.append(
+            f"peak RSS of kvwatch run {res['memory']['peak_rss_mib']:.1f} MiB, above {gates['peak_rss_mib']:g} "
+            f"(goal {GOALS['peak_rss_mib']:g})"
+        )
     if "fanin" in res:
-        level = next((lv for lv in res["fanin"]["levels"] if lv["targets"] == GOALS["fanin"]), {})
+        level: dict = next((lv for lv in res["fanin"]["levels"] if lv["targets"] == GOALS["fanin"]), {})
         per_core = level.get("targets_per_core")
         if per_core is None or not per_core >= gates["targets_per_core"]:
-            out.append(f"targets per core at 1 Hz, measured at {GOALS['fanin']} targets: {per_core or level.get('error')}, "
-                       f"below {gates['targets_per_core']} (goal {GOALS['fanin']} on schedule)")
+            out.append(
+                f"targets per core at 1 Hz, measured at {GOALS['fanin']} targets: {per_core or level.get('error')}, "
+                f"below {gates['targets_per_core']} (goal {GOALS['fanin']} on schedule)"
+            )
     for section, err in res.get("errors", {}).items():
         out.append(f"{section}: not measured ({err})")
     return out
@@ -311,14 +318,16 @@ def gate_failures(res: dict, gates: dict = GATES) -> list[str]:
 def soak_main(argv: list[str]) -> int:
     from bench.soak import leaks, measure, table
 
-    p = argparse.ArgumentParser(prog="python -m bench soak", description="kvwatch run on the simulator's tour, for long")
+    p = argparse.ArgumentParser(
+        prog="python -m bench soak", description="kvwatch run on the simulator's tour, for long"
+    )
     p.add_argument("--minutes", type=float, default=30.0)
     p.add_argument("--hz", type=float, default=10.0, help="kvwatch's scrape rate (--interval 1/HZ)")
     p.add_argument("--json", action="store_true", help="print JSON on stdout (the table on stderr)")
     args = p.parse_args(argv)
     if not (args.minutes > 0 and args.hz > 0):
         p.error("--minutes and --hz must be > 0")
-    res = {"machine": _machine(), "soak": measure(args.minutes, args.hz, log=_log)}
+    res: dict = {"machine": _machine(), "soak": measure(args.minutes, args.hz, log=_log)}
     res["loadavg_end"] = os.getloadavg()
     text = table(res["soak"])
     print(text, file=sys.stderr if args.json else sys.stdout)
@@ -343,9 +352,12 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="tiny configuration (smoke test)")
     p.add_argument("--json", action="store_true", help="print JSON on stdout (the table on stderr)")
     p.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections: {', '.join(SECTIONS)}")
-    p.add_argument("--check", action="store_true",
-                   help="exit 1 if a figure is past its gate (GATES: each goal with a shared machine's margin); "
-                        "memory runs 2,000 cycles and fan-in the goal's 200 targets only")
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1 if a figure is past its gate (GATES: each goal with a shared machine's margin); "
+        "memory runs 2,000 cycles and fan-in the goal's 200 targets only",
+    )
     args = p.parse_args(argv)
     only = [s.strip() for s in args.only.split(",") if s.strip()]
     bad = [s for s in only if s not in SECTIONS]
@@ -353,7 +365,7 @@ def main(argv=None) -> int:
         p.error(f"unknown section(s): {', '.join(bad)}")
     res: dict = {"machine": _machine(), "quick": args.quick}
     started = time.monotonic()
-    runners = {
+    runners: dict[str, Callable[[bool], dict]] = {
         "cycle": run_cycle,
         "scaling": run_scaling,
         "memory": functools.partial(run_memory, check=args.check),
@@ -386,8 +398,10 @@ def main(argv=None) -> int:
             return 1
         if "report" in res and not res["report"]["ok"]:  # the report's own goals (bench/report.py)
             r = res["report"]
-            print(f"bench: report/replay {r['ratio']:.3f} (goal <= 1.5) or HTML {r['html_bytes']} bytes (< 2 MiB)",
-                  file=sys.stderr)
+            print(
+                f"bench: report/replay {r['ratio']:.3f} (goal <= 1.5) or HTML {r['html_bytes']} bytes (< 2 MiB)",
+                file=sys.stderr,
+            )
             return 1
         print(f"bench: every figure measured is within its gate: {GATES}", file=sys.stderr)
     return 1 if failed else 0

@@ -159,7 +159,7 @@ def table(r: dict) -> str:
             f"| {_f(p['p99_ms'])} | {_f(p['max_ms'])} | {p['rss_start_mib']:.1f} | {p['rss_end_mib']:.1f} "
             f"| {p['peak_rss_mib']:.1f} |"
         )
-    abuser = next((p["abuser"] for p in r["phases"] if p["abuser"]), {})
+    abuser: dict = next((p["abuser"] for p in r["phases"] if p["abuser"]), {})
     lines += ["", "abuser's outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(abuser.items()))]
     return "\n".join(lines)
 

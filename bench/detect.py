@@ -68,8 +68,10 @@ def _instrument(engine, blocked: list[tuple[float, str]], phase_of) -> None:
 async def _trial(seed: int, speed: float, interval: float, warmup_s: float, timeout_s: float) -> dict:
     blocked: list[tuple[float, str]] = []
     async with SimServer(scenario(warmup_s), host="127.0.0.1", port=0, seed=seed, speed=speed) as sim:
-        for e in sim.simulator.engines:
-            _instrument(e, blocked, lambda: sim.simulator.phase_name)
+        simulator = sim.simulator
+        assert simulator is not None  # SimServer makes it on entry
+        for e in simulator.engines:
+            _instrument(e, blocked, lambda: simulator.phase_name)
         loop = asyncio.get_running_loop()
         flags = ("--interval", str(interval))
         cm = kvwatch_run([sim.url], *flags)
@@ -108,7 +110,9 @@ async def _trial(seed: int, speed: float, interval: float, warmup_s: float, time
         return out
 
 
-def measure(trials: int = 5, speed: float = 1.0, interval: float = 1.0, warmup_s: float = 20.0, timeout_s: float = 30.0) -> dict:
+def measure(
+    trials: int = 5, speed: float = 1.0, interval: float = 1.0, warmup_s: float = 20.0, timeout_s: float = 30.0
+) -> dict:
     results = []
     for k in range(trials):
         # kvwatch starts a fixed time after the simulator, so its scrape schedule has a fixed phase

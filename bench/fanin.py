@@ -51,12 +51,12 @@ def _analyse(arrivals: dict[str, list[float]], n: int, interval: float, start: f
             continue
         # From one scrape to the next: one interval. A gap of k intervals is k - 1 missed ticks, a
         # gap under half an interval a doubled one (the window's edges do not count either way).
-        for a, b in zip(ts, ts[1:]):
+        for a, b in zip(ts, ts[1:], strict=False):
             k = round((b - a) / interval)
             missed += max(0, k - 1)
             doubled += k == 0
         ks = [round((t - ts[0]) / interval) for t in ts]
-        offsets = [t - k * interval for t, k in zip(ts, ks)]
+        offsets = [t - k * interval for t, k in zip(ts, ks, strict=False)]
         anchor = min(offsets)
         jitters += [o - anchor for o in offsets]
     jitters.sort()
@@ -83,7 +83,9 @@ def _burst_spread(arrivals: dict[str, list[float]], interval: float) -> float | 
     return statistics.median(spreads) * 1e3
 
 
-def measure(server: str, n: int, seconds: float = 20.0, warmup: float = 6.0, interval: float = 1.0, cpu: int = 1) -> dict:
+def measure(
+    server: str, n: int, seconds: float = 20.0, warmup: float = 6.0, interval: float = 1.0, cpu: int = 1
+) -> dict:
     targets = [f"{server}/t/{i}/metrics" for i in range(n)]
     with kvwatch_run(targets, "--interval", str(interval), cpu=cpu) as (proc, kv):
         time.sleep(warmup)
@@ -98,7 +100,9 @@ def measure(server: str, n: int, seconds: float = 20.0, warmup: float = 6.0, int
         err1, up = _errors(kv)
         rss, hwm = rss_kib(proc.pid)
     # Whole ticks only: leave half an interval at each edge of the window.
-    res = _analyse(stats["arrivals"], n, interval, t0 + 0.5 * interval, t0 + 0.5 * interval + int(seconds - 1) * interval)
+    res = _analyse(
+        stats["arrivals"], n, interval, t0 + 0.5 * interval, t0 + 0.5 * interval + int(seconds - 1) * interval
+    )
     res.update(
         targets=n,
         errors=err1 - err0,

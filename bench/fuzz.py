@@ -125,7 +125,7 @@ def to_openmetrics(body: str) -> str:
                 continue
             if typ == "counter" and name.endswith("_total"):
                 pat = re.compile(r"^# (HELP|TYPE) " + re.escape(name) + r"(?= |$)")
-                lines = [pat.sub(lambda m, fam=name[:-6]: f"# {m.group(1)} {fam}", ln) for ln in lines]
+                lines = [pat.sub(rf"# \1 {name[:-6]}", ln) for ln in lines]  # a metric name has no backslash
         out += lines
     return "\n".join(out) + "\n# EOF\n"
 

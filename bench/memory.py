@@ -30,8 +30,16 @@ def measure(cycles: int = 10_000, interval: float = 0.03, timeout: float = 0.025
     samples: list[tuple[int, int, int]] = []  # (cycles b, cycles a, rss KiB)
     with payload_server() as srv:
         targets = [srv + "/a/metrics", srv + "/b/metrics"]
-        flags = ("--interval", str(interval), "--timeout", str(timeout), "--window", str(window),
-                 "--history", f"{HISTORY_INTERVALS * interval:g}")
+        flags = (
+            "--interval",
+            str(interval),
+            "--timeout",
+            str(timeout),
+            "--window",
+            str(window),
+            "--history",
+            f"{HISTORY_INTERVALS * interval:g}",
+        )
         with kvwatch_run(targets, *flags) as (proc, kv):
             started = time.monotonic()
             last_scrape = 0.0

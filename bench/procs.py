@@ -27,6 +27,7 @@ def payload_server(fanin: int = 0, b_captures: int = 48, cpu: int | None = None)
     """``bench.server`` in its own process; yields its base URL."""
     cmd = [sys.executable, "-m", "bench.server", "--fanin", str(fanin), "--b-captures", str(b_captures)]
     with Process(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True, preexec_fn=_pin(cpu)) as proc:
+        assert proc.proc is not None and proc.proc.stdout is not None  # started, with a pipe
         line = proc.proc.stdout.readline()
         if not line.startswith("listening "):
             raise RuntimeError(f"bench: payload server did not start: {line!r}")

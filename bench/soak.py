@@ -96,8 +96,8 @@ def lateness(arrivals: list[float], interval: float, bins: int = 1000) -> tuple[
     anchor_bin = min(used, key=lambda bc: sum(c * ((b - bc[0]) % bins) for b, c in used))[0]
     anchor = t0 + anchor_bin * interval / bins
     ks = [math.floor((t - anchor) / interval) for t in arrivals]
-    missed = sum(max(0, b - a - 1) for a, b in zip(ks, ks[1:]))
-    return [t - anchor - k * interval for t, k in zip(arrivals, ks)], missed
+    missed = sum(max(0, b - a - 1) for a, b in zip(ks, ks[1:], strict=False))
+    return [t - anchor - k * interval for t, k in zip(arrivals, ks, strict=False)], missed
 
 
 def quantiles_ms(xs: list[float]) -> dict[str, float | None]:
@@ -142,7 +142,7 @@ def summarize(samples: list[dict], arrivals: list[float], interval: float, secon
     if arrivals:
         t0 = arrivals[0]
         for i in range(10):
-            part = [x for t, x in zip(arrivals, late) if i / 10 <= (t - t0) / seconds < (i + 1) / 10]
+            part = [x for t, x in zip(arrivals, late, strict=False) if i / 10 <= (t - t0) / seconds < (i + 1) / 10]
             tenths.append(quantiles_ms(part))
 
     def rng(key: str) -> float:

@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
-from kvwatch.catalog import KvPressure
-
 from grafana.common import (
-    BY_ENGINE, ENGINE, ENGINE_LEGEND, JSON, THRESHOLDS, TOKENS, Layout, dashboard, dashed_series, kvwatch_variables,
-    query, stat, state_timeline, thresholds, timeseries,
+    BY_ENGINE,
+    ENGINE,
+    ENGINE_LEGEND,
+    JSON,
+    THRESHOLDS,
+    TOKENS,
+    Layout,
+    dashboard,
+    dashed_series,
+    kvwatch_variables,
+    query,
+    stat,
+    state_timeline,
+    thresholds,
+    timeseries,
 )
-
+from kvwatch.catalog import KvPressure
 
 # -- the headline tiles -------------------------------------------------------------------------------
 
@@ -141,8 +152,7 @@ def seconds_to_full() -> JSON:
 def prefix_hits() -> JSON:
     return timeseries(
         "Prefix cache hit ratio",
-        "Share of queried prompt tokens found in vLLM's prefix cache, per engine, over kvwatch's "
-        "window.",
+        "Share of queried prompt tokens found in vLLM's prefix cache, per engine, over kvwatch's window.",
         "Low while prompts share long prefixes (system prompt, RAG template): enable "
         "`--enable-prefix-caching`, keep the shared text at the start of the prompt and identical "
         "byte for byte, and route a conversation's turns to the same pod.",
@@ -183,10 +193,13 @@ def capacity_by_limit() -> JSON:
         "`max_num_seqs` or `max_loras` and the next one is far higher, raise the flag before adding a GPU "
         "(KvwatchScaleOutNotNeeded); `kv_cache` or `token_budget`: add replicas or KV memory.",
         [
-            query(ENGINE.agg("max", "kvwatch_capacity_sequences", by=BY_ENGINE + ", limit"),
-                  "{{limit}} · " + ENGINE_LEGEND),
-            query(ENGINE.agg("max", "kvwatch_capacity_sequences_effective", by=BY_ENGINE),
-                  "effective · " + ENGINE_LEGEND),
+            query(
+                ENGINE.agg("max", "kvwatch_capacity_sequences", by=BY_ENGINE + ", limit"),
+                "{{limit}} · " + ENGINE_LEGEND,
+            ),
+            query(
+                ENGINE.agg("max", "kvwatch_capacity_sequences_effective", by=BY_ENGINE), "effective · " + ENGINE_LEGEND
+            ),
             query(ENGINE.agg("max", "kvwatch_demand_sequences", by=BY_ENGINE), "demand · " + ENGINE_LEGEND),
         ],
         unit="none",
@@ -242,8 +255,12 @@ def rejections() -> JSON:
         "frontend's count: the same on each engine of a model, so the panel takes the max, not the sum.",
         "Sustained above 0: the queue caps shed load that the limit behind the queue holds back (the "
         "Overview's bottleneck). Fix that limit or add replicas; raising a cap only trades 503s for TTFT.",
-        [query(ENGINE.agg("max", "kvwatch_rejections_per_second", by="namespace, pod, model_name, reason"),
-               "{{pod}} · {{model_name}} · {{reason}}")],
+        [
+            query(
+                ENGINE.agg("max", "kvwatch_rejections_per_second", by="namespace, pod, model_name, reason"),
+                "{{pod}} · {{model_name}} · {{reason}}",
+            )
+        ],
         unit="reqps",
     )
 

@@ -286,7 +286,8 @@ def stat(
 
 def value_mappings(states: States) -> list[JSON]:
     """Each state's code shown as the state's label, in its colour."""
-    options = {str(code): {"color": s.colour, "index": code, "text": s.label} for code, s in enumerate(states)}
+    members: list[Bottleneck | KvPressure] = list(states)
+    options = {str(code): {"color": s.colour, "index": code, "text": s.label} for code, s in enumerate(members)}
     return [{"type": "value", "options": options}]
 
 

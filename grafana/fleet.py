@@ -3,14 +3,31 @@ through the fleet recording rules (no sidecar needed)."""
 
 from __future__ import annotations
 
-from kvwatch.catalog import Action, Bottleneck
-from kvwatch.engines import ENGINES
-
 from grafana.common import (
-    ANY_IS_BAD, DASHED, ENGINE, JSON, KV_STEPS, NO_FILL, THRESHOLDS, TOKENS, TOKENS_PER_S, WAITING_STEPS, Layout,
-    agg, dashboard, fixed_color, override, query, scope_variables, stat, state_timeline, throughput_gap_overrides,
+    ANY_IS_BAD,
+    DASHED,
+    ENGINE,
+    JSON,
+    KV_STEPS,
+    NO_FILL,
+    THRESHOLDS,
+    TOKENS,
+    TOKENS_PER_S,
+    WAITING_STEPS,
+    Layout,
+    agg,
+    dashboard,
+    fixed_color,
+    override,
+    query,
+    scope_variables,
+    stat,
+    state_timeline,
+    throughput_gap_overrides,
     timeseries,
 )
+from kvwatch.catalog import Action, Bottleneck
+from kvwatch.engines import ENGINES
 
 
 class Fleet:
@@ -182,8 +199,9 @@ def capacity_vs_demand() -> JSON:
         "Demand above capacity: requests queue on the KV cache; add replicas, use an FP8 KV cache, "
         "or shorten sequences. Demand far below capacity on every pod: the fleet is over-provisioned.",
         [
-            query(agg("sum", f"{ENGINE.sel(Fleet.running)} + {ENGINE.sel(Fleet.waiting)}"),
-                  "demand (running + waiting)"),
+            query(
+                agg("sum", f"{ENGINE.sel(Fleet.running)} + {ENGINE.sel(Fleet.waiting)}"), "demand (running + waiting)"
+            ),
             query(ENGINE.agg("sum", Fleet.running), "running"),
             query(ENGINE.agg("sum", Fleet.max_concurrency), "capacity (estimated max concurrency)"),
         ],

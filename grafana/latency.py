@@ -2,13 +2,29 @@
 
 from __future__ import annotations
 
+from grafana.common import (
+    BY_ENGINE,
+    DASHED,
+    ENGINE,
+    ENGINE_LEGEND,
+    JSON,
+    NO_FILL,
+    RATE,
+    SLO_STEPS,
+    Layout,
+    agg,
+    custom_variable,
+    dashboard,
+    divide,
+    fixed_color,
+    kvwatch_variables,
+    override,
+    query,
+    stat,
+    timeseries,
+)
 from kvwatch.engines import sglang, trtllm
 from kvwatch.snapshot import Hist
-
-from grafana.common import (
-    BY_ENGINE, DASHED, ENGINE, ENGINE_LEGEND, JSON, NO_FILL, RATE, SLO_STEPS, Layout, agg, custom_variable, dashboard,
-    divide, fixed_color, kvwatch_variables, override, query, stat, timeseries,
-)
 
 # Latency SLO thresholds offered by the Latency dashboard. They must be bucket bounds of vLLM's
 # histograms, spelled as vLLM spells its `le` labels.
@@ -64,7 +80,7 @@ ITL_SLO = slo_attainment(
 )
 
 
-def quantile_panel(title: str, metric: str, what: str, todo: str, extra: list[tuple[str, str, str]] = ()) -> JSON:
+def quantile_panel(title: str, metric: str, what: str, todo: str, extra: tuple[tuple[str, str, str], ...] = ()) -> JSON:
     """Quantiles of the worst engine; ``extra`` adds dashed reference lines (PromQL, legend, colour)."""
     return timeseries(
         title,
@@ -147,12 +163,11 @@ def quantile_panels() -> list[JSON]:
         quantile_panel(
             "Time to first token",
             "kvwatch_time_to_first_token_seconds",
-            "TTFT quantiles (p50, p90, p99), and (dashed) the p99 threshold of the TTFT SLO the "
-            "alerts page on.",
+            "TTFT quantiles (p50, p90, p99), and (dashed) the p99 threshold of the TTFT SLO the alerts page on.",
             "p99 above the dashed line burns the SLO's error budget. p99 far above p50 with a queue: "
             "requests wait for admission (see *Queue time*). All quantiles high: prefill itself is "
             "slow (long prompts; enable prefix caching, raise the token budget).",
-            extra=[(agg("max", SLO_THRESHOLD), "SLO threshold", "red")],
+            extra=((agg("max", SLO_THRESHOLD), "SLO threshold", "red"),),
         ),
         quantile_panel(
             "Inter-token latency",
@@ -245,7 +260,7 @@ def variables() -> list[JSON]:
 
 def build() -> JSON:
     layout = Layout()
-    for panel, w in zip(quantile_tiles() + slo_tiles(), [5, 5, 5, 5, 4]):
+    for panel, w in zip(quantile_tiles() + slo_tiles(), [5, 5, 5, 5, 4], strict=False):
         layout.add(panel, w, 4)
     layout.row("Quantiles")
     for panel in quantile_panels():

@@ -2,14 +2,42 @@
 
 from __future__ import annotations
 
-from kvwatch.catalog import Bottleneck
-
 from grafana.common import (
-    ANY_IS_BAD, BY_ENGINE, BY_POD, DASHED, ENGINE, ENGINE_KEY, ENGINE_LEGEND, JSON, KV_STEPS, NO_FILL, POD, RANGE,
-    TARGET_KEY, THRESHOLDS, TOKENS, TOKENS_PER_S, WAITING_STEPS, Layout, agg, color_cells, dashboard, dashed_series,
-    fixed_color, kvwatch_variables, override, query, stat, state_timeline, table, thresholds,
-    throughput_gap_overrides, timeseries, value_mappings,
+    ANY_IS_BAD,
+    BY_ENGINE,
+    BY_POD,
+    DASHED,
+    ENGINE,
+    ENGINE_KEY,
+    ENGINE_LEGEND,
+    JSON,
+    KV_STEPS,
+    NO_FILL,
+    POD,
+    RANGE,
+    TARGET_KEY,
+    THRESHOLDS,
+    TOKENS,
+    TOKENS_PER_S,
+    WAITING_STEPS,
+    Layout,
+    agg,
+    color_cells,
+    dashboard,
+    dashed_series,
+    fixed_color,
+    kvwatch_variables,
+    override,
+    query,
+    stat,
+    state_timeline,
+    table,
+    thresholds,
+    throughput_gap_overrides,
+    timeseries,
+    value_mappings,
 )
+from kvwatch.catalog import Bottleneck
 
 
 def engine_bottleneck() -> str:
@@ -33,8 +61,11 @@ def evidence(op: str, metric: str) -> str:
 def worst_bottleneck() -> JSON:
     # An unreachable target has no per-engine series: its target-level state joins the engines'.
     target_unreachable = POD.sel("kvwatch_target_bottleneck", f'bottleneck="{Bottleneck.UNREACHABLE}"')
-    worst = agg("max", f"{ENGINE.state_code('kvwatch_bottleneck', 'bottleneck', Bottleneck)} or "
-                       f"{target_unreachable} * {Bottleneck.UNREACHABLE.severity}")
+    worst = agg(
+        "max",
+        f"{ENGINE.state_code('kvwatch_bottleneck', 'bottleneck', Bottleneck)} or "
+        f"{target_unreachable} * {Bottleneck.UNREACHABLE.severity}",
+    )
     return stat(
         "Worst bottleneck now",
         "The most severe limit binding across the selected engines, as kvwatch diagnoses it: "
@@ -314,8 +345,13 @@ def scrape_duration() -> JSON:
 
 def build() -> JSON:
     layout = Layout()
-    for panel, w in [(worst_bottleneck(), 6), (requests_waiting(), 4), (max_kv_usage(), 5), (preemptions(), 5),
-                     (unreachable_targets(), 4)]:
+    for panel, w in [
+        (worst_bottleneck(), 6),
+        (requests_waiting(), 4),
+        (max_kv_usage(), 5),
+        (preemptions(), 5),
+        (unreachable_targets(), 4),
+    ]:
         layout.add(panel, w, 4)
     layout.row("Diagnosis")
     layout.add(bottleneck_timeline(), 24, 8)

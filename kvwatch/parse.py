@@ -11,7 +11,7 @@ line takes the general line-by-line path, which decides membership and reports e
 
 OpenMetrics 1.0 (vLLM's Rust frontend serves only that) is read by the same walk: a counter's ``# TYPE`` names
 the family without ``_total`` (as prometheus_client names it anyway), ``# UNIT`` is a comment, and ``# EOF``
-ends the body (``tests/test_v033.py`` proves the parse equal to prometheus_client's OpenMetrics parser).
+ends the body (``tests/test_vllm_033_and_openmetrics.py`` proves the parse equal to prometheus_client's OpenMetrics parser).
 
 Strictness:
 - the body must end with a newline (or, OpenMetrics, with ``# EOF``): a body truncated mid-line is an error,

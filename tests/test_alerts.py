@@ -29,11 +29,23 @@ SCHEMA = REPO / "tests" / "fixtures" / "schemas" / "monitoring.coreos.com_promet
 BOTTLENECKS = set(Bottleneck)
 ACTIONS = [str(a) for a in Action]
 REQUIRED_ALERTS = {
-    "KvwatchKVCacheAdmissionStall", "KvwatchKVCachePreempting", "KvwatchThroughputGapSustained",
-    "KvwatchMaxNumSeqsBinding", "KvwatchTokenBudgetBinding", "KvwatchEngineStalled",
-    "KvwatchKVCacheSaturationForecast", "KvwatchVLLMUnreachable", "KvwatchDown", "KvwatchAbsent",
-    "KvwatchTTFTBudgetBurn", "KvwatchScaleOutNotNeeded", "KvwatchMaxLorasBinding", "KvwatchEngineAsleep",
-    "KvwatchRequestsRejected", "KvwatchKVTransferBinding", "Watchdog",
+    "KvwatchKVCacheAdmissionStall",
+    "KvwatchKVCachePreempting",
+    "KvwatchThroughputGapSustained",
+    "KvwatchMaxNumSeqsBinding",
+    "KvwatchTokenBudgetBinding",
+    "KvwatchEngineStalled",
+    "KvwatchKVCacheSaturationForecast",
+    "KvwatchVLLMUnreachable",
+    "KvwatchDown",
+    "KvwatchAbsent",
+    "KvwatchTTFTBudgetBurn",
+    "KvwatchScaleOutNotNeeded",
+    "KvwatchMaxLorasBinding",
+    "KvwatchEngineAsleep",
+    "KvwatchRequestsRejected",
+    "KvwatchKVTransferBinding",
+    "Watchdog",
 }
 
 
@@ -96,8 +108,9 @@ def test_unit_test_inputs_are_real_kvwatch_series():
     """Every kvwatch_* series in the promtool inputs is a metric kvwatch really exports (captured output)."""
     captured = set()
     for f in (ALERTS / "tests" / "kvwatch-output").glob("*.prom"):
-        captured |= {line.split("{")[0].split(" ")[0] for line in f.read_text().splitlines()
-                     if line.startswith("kvwatch_")}
+        captured |= {
+            line.split("{")[0].split(" ")[0] for line in f.read_text().splitlines() if line.startswith("kvwatch_")
+        }
     tests = yaml.safe_load((ALERTS / "tests" / "kvwatch-alerts.test.yaml").read_text())["tests"]
     used = {s["series"].split("{")[0] for t in tests for s in t["input_series"] if s["series"].startswith("kvwatch_")}
     assert used and used <= captured, used - captured
@@ -161,10 +174,17 @@ def test_recording_rules_are_named_level_metric_operations():
     for rule in recording_rules():
         assert re.fullmatch(r"[a-z_]+:[a-z0-9_]+:[a-z0-9_]+", rule["record"]), rule["record"]
     raw = "".join(str(r["expr"]) for r in recording_rules())
-    for metric in ("vllm:kv_cache_usage_perc", "vllm:num_requests_waiting", "vllm:prompt_tokens_by_source_total",
-                   "vllm:generation_tokens_total", "vllm:num_preemptions_total", "vllm:cache_config_info",
-                   "vllm:request_prompt_tokens_sum", "vllm:request_generation_tokens_count",
-                   "vllm:iteration_tokens_total_sum"):
+    for metric in (
+        "vllm:kv_cache_usage_perc",
+        "vllm:num_requests_waiting",
+        "vllm:prompt_tokens_by_source_total",
+        "vllm:generation_tokens_total",
+        "vllm:num_preemptions_total",
+        "vllm:cache_config_info",
+        "vllm:request_prompt_tokens_sum",
+        "vllm:request_generation_tokens_count",
+        "vllm:iteration_tokens_total_sum",
+    ):
         assert metric in raw, metric
 
 
@@ -188,8 +208,12 @@ def test_fleet_rules_read_the_families_the_adapters_read():
     families = REPO / "tests" / "fixtures" / "engines"
     known = set().union(sglang.KEEP_FAMILIES, trtllm.KEEP_FAMILIES, llamacpp.KEEP_FAMILIES)
     documented = "".join((families / e / "FAMILIES.md").read_text() for e in ("sglang", "trtllm", "llamacpp"))
-    fleet = [r for g in yaml.safe_load((ALERTS / "kvwatch-rules.yaml").read_text())["groups"]
-             if g["name"].startswith("vllm.fleet") for r in g["rules"]]
+    fleet = [
+        r
+        for g in yaml.safe_load((ALERTS / "kvwatch-rules.yaml").read_text())["groups"]
+        if g["name"].startswith("vllm.fleet")
+        for r in g["rules"]
+    ]
     used = set(ENGINE_NAME.findall("".join(str(r["expr"]) for r in fleet)))
     for name in used:
         family = next((name.removesuffix(s) for s in SAMPLE_SUFFIXES if name.endswith(s)), name)
@@ -221,7 +245,7 @@ def test_runbooks_order_fixes_by_cost_with_trade_offs():
     text = RUNBOOKS.read_text()
     fixes = text.split("## Fixes, cheapest first", 1)[1]
     positions = [fixes.find(f"### {a}\n") for a in ACTIONS]
-    assert all(p >= 0 for p in positions), dict(zip(ACTIONS, positions))
+    assert all(p >= 0 for p in positions), dict(zip(ACTIONS, positions, strict=False))
     assert positions == sorted(positions), "fixes must be listed in cost order"
     assert fixes.lower().count("trade-off") >= len(ACTIONS)
 
@@ -249,8 +273,17 @@ def test_amtool_check_config():
     ],
 )
 def test_amtool_routes(labels, receiver):
-    proc = run(tool("amtool"), "config", "routes", "test", f"--config.file={AM_CONFIG}",
-               "namespace=llm", "pod=vllm-0", "model_name=m", *labels)
+    proc = run(
+        tool("amtool"),
+        "config",
+        "routes",
+        "test",
+        f"--config.file={AM_CONFIG}",
+        "namespace=llm",
+        "pod=vllm-0",
+        "model_name=m",
+        *labels,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.strip() == receiver, (labels, proc.stdout)
 
@@ -276,8 +309,12 @@ _MATCHER = re.compile(r'(\w+)\s*(=~|!~|!=|=)\s*"?(.*?)"?$')
 def _matches(matcher: str, labels: dict[str, str]) -> bool:
     key, op, value = _MATCHER.match(matcher).groups()
     have = labels.get(key, "")
-    return {"=": have == value, "!=": have != value,
-            "=~": bool(re.fullmatch(value, have)), "!~": not re.fullmatch(value, have)}[op]
+    return {
+        "=": have == value,
+        "!=": have != value,
+        "=~": bool(re.fullmatch(value, have)),
+        "!~": not re.fullmatch(value, have),
+    }[op]
 
 
 def test_inhibitions_never_silence_the_watchdog_and_name_real_alerts():
@@ -295,11 +332,17 @@ def test_inhibitions_never_silence_the_watchdog_and_name_real_alerts():
     # and the intended ones do inhibit
     stall_warning = {"alertname": "KvwatchKVCacheAdmissionStall", "severity": "warning"}
     preempting = {"alertname": "KvwatchKVCachePreempting", "severity": "critical"}
-    assert any(all(_matches(m, preempting) for m in r["source_matchers"])
-               and all(_matches(m, stall_warning) for m in r["target_matchers"]) for r in cfg["inhibit_rules"])
+    assert any(
+        all(_matches(m, preempting) for m in r["source_matchers"])
+        and all(_matches(m, stall_warning) for m in r["target_matchers"])
+        for r in cfg["inhibit_rules"]
+    )
     down = {"alertname": "KvwatchDown", "severity": "warning"}
-    assert any(all(_matches(m, down) for m in r["source_matchers"])
-               and all(_matches(m, preempting) for m in r["target_matchers"]) for r in cfg["inhibit_rules"])
+    assert any(
+        all(_matches(m, down) for m in r["source_matchers"])
+        and all(_matches(m, preempting) for m in r["target_matchers"])
+        for r in cfg["inhibit_rules"]
+    )
 
 
 # -- the generated PrometheusRule -----------------------------------------------------------------------------
@@ -412,7 +455,9 @@ def test_check_refuses_a_page_on_undetermined(tmp_path, monkeypatch):
     import alerts.generate as gen
 
     alerts = (ALERTS / "kvwatch-alerts.yaml").read_text()
-    paging = alerts.replace('kvwatch_bottleneck{bottleneck="stalled"} == 1', 'kvwatch_bottleneck{bottleneck=~"stalled|undetermined"} == 1')
+    paging = alerts.replace(
+        'kvwatch_bottleneck{bottleneck="stalled"} == 1', 'kvwatch_bottleneck{bottleneck=~"stalled|undetermined"} == 1'
+    )
     assert paging != alerts and "undetermined" not in alerts
     for f in gen.SOURCES:
         (tmp_path / f).write_text((ALERTS / f).read_text())

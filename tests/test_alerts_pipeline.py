@@ -85,8 +85,9 @@ def test_compress_rules_changes_only_windows_and_for(tmp_path):
     assert "[5s]" in (tmp_path / "kvwatch-alerts.yaml").read_text()
 
 
-def alertmanager_test_config(tmp_path: Path, slack: WebhookReceiver, pagerduty: WebhookReceiver,
-                             heartbeat: WebhookReceiver) -> dict:
+def alertmanager_test_config(
+    tmp_path: Path, slack: WebhookReceiver, pagerduty: WebhookReceiver, heartbeat: WebhookReceiver
+) -> dict:
     cfg = yaml.safe_load((ALERTS / "alertmanager.yml").read_text())
     cfg = copy.deepcopy(cfg)
     secrets = tmp_path / "secrets"
@@ -152,10 +153,16 @@ def test_kv_bound_target_pages_with_diagnosis_inhibits_warnings_and_resolves(tmp
 
             # 1. The page: PagerDuty gets a trigger with the bottleneck and the fix, Slack the same.
             def preempting_trigger():
-                return [e for e in pd_events(pagerduty)
-                        if e.get("event_action") == "trigger" and "KvwatchKVCachePreempting" in e["payload"]["custom_details"]["alerts"]]
+                return [
+                    e
+                    for e in pd_events(pagerduty)
+                    if e.get("event_action") == "trigger"
+                    and "KvwatchKVCachePreempting" in e["payload"]["custom_details"]["alerts"]
+                ]
 
-            events = pagerduty.wait_for(lambda _: preempting_trigger(), timeout=120, what="PagerDuty trigger for KvwatchKVCachePreempting")
+            events = pagerduty.wait_for(
+                lambda _: preempting_trigger(), timeout=120, what="PagerDuty trigger for KvwatchKVCachePreempting"
+            )
             ev = events[-1]
             assert ev["routing_key"] == ROUTING_KEY
             assert ev["payload"]["severity"] == "critical"
@@ -170,10 +177,13 @@ def test_kv_bound_target_pages_with_diagnosis_inhibits_warnings_and_resolves(tmp
             assert pagerduty.snapshot()[0].path == "/v2/enqueue"
 
             def critical_slack():
-                return [m for m in slack_texts(slack)
-                        if m[1].startswith("[FIRING") and "KvwatchKVCachePreempting" in m[2]]
+                return [
+                    m for m in slack_texts(slack) if m[1].startswith("[FIRING") and "KvwatchKVCachePreempting" in m[2]
+                ]
 
-            _, title, text = slack.wait_for(lambda _: critical_slack(), timeout=60, what="Slack message for the page")[-1]
+            _, title, text = slack.wait_for(lambda _: critical_slack(), timeout=60, what="Slack message for the page")[
+                -1
+            ]
             assert "tiny-llama-dummy engine 0" in title
             assert "*Bottleneck:* `kv_cache`" in text
             assert "*Recommended fixes (cheapest first):* fp8_kv_cache" in text
@@ -183,15 +193,23 @@ def test_kv_bound_target_pages_with_diagnosis_inhibits_warnings_and_resolves(tmp
 
             # 2. Inhibition: the 2m stall warning fires in Prometheus but Alertmanager holds it back.
             def warning_firing():
-                return [a for a in prom.alerts()
-                        if a["labels"]["alertname"] == "KvwatchKVCacheAdmissionStall"
-                        and a["labels"]["severity"] == "warning" and a["state"] == "firing"]
+                return [
+                    a
+                    for a in prom.alerts()
+                    if a["labels"]["alertname"] == "KvwatchKVCacheAdmissionStall"
+                    and a["labels"]["severity"] == "warning"
+                    and a["state"] == "firing"
+                ]
 
             prom.wait_for(warning_firing, timeout=90, what="KvwatchKVCacheAdmissionStall warning firing in Prometheus")
 
             def warning_suppressed():
                 got = am.alerts(filters=['alertname="KvwatchKVCacheAdmissionStall"', 'severity="warning"'])
-                return got and all(a["status"]["state"] == "suppressed" and a["status"]["inhibitedBy"] for a in got) and got
+                return (
+                    got
+                    and all(a["status"]["state"] == "suppressed" and a["status"]["inhibitedBy"] for a in got)
+                    and got
+                )
 
             suppressed = am.wait_for(warning_suppressed, timeout=30, what="the warning inhibited in Alertmanager")
             inhibitors = {fp for a in suppressed for fp in a["status"]["inhibitedBy"]}
@@ -223,8 +241,11 @@ def test_kv_bound_target_pages_with_diagnosis_inhibits_warnings_and_resolves(tmp
             assert resolved[-1]["dedup_key"] == ev["dedup_key"]
 
             def slack_resolved():
-                return [m for m in slack_texts(slack)
-                        if m[0] >= t_recover and "resolved" in m[2] and "KvwatchKVCachePreempting" in m[2]]
+                return [
+                    m
+                    for m in slack_texts(slack)
+                    if m[0] >= t_recover and "resolved" in m[2] and "KvwatchKVCachePreempting" in m[2]
+                ]
 
             slack.wait_for(lambda _: slack_resolved(), timeout=60, what="Slack resolve message for the page")
             assert prom.value('kvwatch_bottleneck{bottleneck="idle"}') == 1

@@ -35,8 +35,14 @@ pytestmark = [pytest.mark.pipeline, pytest.mark.slow, pytest.mark.timeout(900)]
 SETTLE = 15.0  # seconds after a phase change before its samples count
 PHASE_S = 45
 ENGINE = {
-    "model_name": "tiny-llama-dummy", "block_size": 32, "num_gpu_blocks": 512, "max_model_len": 4096,
-    "max_num_seqs": 32, "max_num_batched_tokens": 256, "enable_prefix_caching": True, "kv_bytes_per_token": 4096,
+    "model_name": "tiny-llama-dummy",
+    "block_size": 32,
+    "num_gpu_blocks": 512,
+    "max_model_len": 4096,
+    "max_num_seqs": 32,
+    "max_num_batched_tokens": 256,
+    "enable_prefix_caching": True,
+    "kv_bytes_per_token": 4096,
 }
 LONG = {"dist": "uniform", "min": 800, "max": 1200}
 SCENARIO = {
@@ -45,19 +51,45 @@ SCENARIO = {
     "engines": 1,
     "loop": False,
     "engine": ENGINE,
-    "workload": {"rate": 2.0, "max_outstanding": 80, "prompt_tokens": {"dist": "uniform", "min": 100, "max": 200},
-                 "output_tokens": {"dist": "uniform", "min": 50, "max": 100}, "ignore_eos": True},
+    "workload": {
+        "rate": 2.0,
+        "max_outstanding": 80,
+        "prompt_tokens": {"dist": "uniform", "min": 100, "max": 200},
+        "output_tokens": {"dist": "uniform", "min": 50, "max": 100},
+        "ignore_eos": True,
+    },
     "phases": [
         {"name": "light", "duration_s": PHASE_S},
-        {"name": "kv_cache", "duration_s": PHASE_S, "abort_waiting": True,
-         "workload": {"rate": 3.0, "burst": 12, "max_outstanding": 40, "prompt_tokens": LONG, "output_tokens": LONG}},
-        {"name": "token_budget", "duration_s": PHASE_S, "abort_waiting": True,
-         "workload": {"rate": 12.0, "burst": 10, "max_outstanding": 30,
-                      "prompt_tokens": {"dist": "uniform", "min": 1300, "max": 1700}, "output_tokens": 10}},
-        {"name": "max_num_seqs", "duration_s": PHASE_S, "abort_waiting": True,
-         "workload": {"rate": 60.0, "burst": 40, "max_outstanding": 80,
-                      "prompt_tokens": {"dist": "uniform", "min": 60, "max": 140},
-                      "output_tokens": {"dist": "uniform", "min": 80, "max": 120}}},
+        {
+            "name": "kv_cache",
+            "duration_s": PHASE_S,
+            "abort_waiting": True,
+            "workload": {"rate": 3.0, "burst": 12, "max_outstanding": 40, "prompt_tokens": LONG, "output_tokens": LONG},
+        },
+        {
+            "name": "token_budget",
+            "duration_s": PHASE_S,
+            "abort_waiting": True,
+            "workload": {
+                "rate": 12.0,
+                "burst": 10,
+                "max_outstanding": 30,
+                "prompt_tokens": {"dist": "uniform", "min": 1300, "max": 1700},
+                "output_tokens": 10,
+            },
+        },
+        {
+            "name": "max_num_seqs",
+            "duration_s": PHASE_S,
+            "abort_waiting": True,
+            "workload": {
+                "rate": 60.0,
+                "burst": 40,
+                "max_outstanding": 80,
+                "prompt_tokens": {"dist": "uniform", "min": 60, "max": 140},
+                "output_tokens": {"dist": "uniform", "min": 80, "max": 120},
+            },
+        },
         {"name": "end", "duration_s": None, "workload": {"rate": 0.0}, "abort_waiting": True},
     ],
 }
@@ -72,8 +104,9 @@ def _phase(client: httpx.Client, sim: Kvwatch) -> str:
 
 def _poll(prom: Prometheus) -> dict:
     alert = prom.query(f'ALERTS{{alertname="KvwatchScaleOutNotNeeded",{MODEL}}}')
-    binding = prom.query("kvwatch_capacity_sequences == ignoring (limit) group_left () "
-                         "kvwatch_capacity_sequences_effective")
+    binding = prom.query(
+        "kvwatch_capacity_sequences == ignoring (limit) group_left () kvwatch_capacity_sequences_effective"
+    )
     return {
         "desired": prom.value(f"namespace_model:kvwatch_desired_replicas:ceil{{{MODEL}}}"),
         "replicas": prom.value(f"namespace_model:kvwatch_replicas:count{{{MODEL}}}"),
@@ -87,17 +120,46 @@ def test_desired_replicas_and_the_flag_alert_follow_the_binding_limit(tmp_path):
     scenario = tmp_path / "autoscaling.json"
     scenario.write_text(json.dumps(SCENARIO))
     rules = [compress_rules(f, tmp_path) for f in RULE_FILES]
-    sims = [Kvwatch(["sim", "--scenario-file", str(scenario), "--seed", str(i)], tmp_path / f"sim{i}",
-                    listen_flag="--port", ready_path="/metrics", name=f"sim{i}") for i in range(REPLICAS)]
+    sims = [
+        Kvwatch(
+            ["sim", "--scenario-file", str(scenario), "--seed", str(i)],
+            tmp_path / f"sim{i}",
+            listen_flag="--port",
+            ready_path="/metrics",
+            name=f"sim{i}",
+        )
+        for i in range(REPLICAS)
+    ]
     with sims[0], sims[1]:
-        kvs = [Kvwatch(["run", "--target", f"{s.url}/metrics", "--interval", "1", "--max-num-seqs", "32",
-                        "--max-num-batched-tokens", "256"], tmp_path / f"kvwatch{i}") for i, s in enumerate(sims)]
+        kvs = [
+            Kvwatch(
+                [
+                    "run",
+                    "--target",
+                    f"{s.url}/metrics",
+                    "--interval",
+                    "1",
+                    "--max-num-seqs",
+                    "32",
+                    "--max-num-batched-tokens",
+                    "256",
+                ],
+                tmp_path / f"kvwatch{i}",
+            )
+            for i, s in enumerate(sims)
+        ]
         with kvs[0], kvs[1]:
             config = {
                 "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "900ms"},
-                "scrape_configs": [{"job_name": "kvwatch", "static_configs": [
-                    {"targets": [f"127.0.0.1:{kv.port}"], "labels": {"namespace": "llm", "pod": pod}}
-                    for kv, pod in zip(kvs, PODS, strict=True)]}],
+                "scrape_configs": [
+                    {
+                        "job_name": "kvwatch",
+                        "static_configs": [
+                            {"targets": [f"127.0.0.1:{kv.port}"], "labels": {"namespace": "llm", "pod": pod}}
+                            for kv, pod in zip(kvs, PODS, strict=True)
+                        ],
+                    }
+                ],
             }
             with Prometheus(config, tmp_path / "prom", rule_files=rules) as prom, httpx.Client(timeout=5) as client:
                 samples = _run(prom, client, sims[0])
@@ -122,10 +184,16 @@ def _run(prom: Prometheus, client: httpx.Client, sim: Kvwatch) -> dict[str, list
 
 
 def _judge(samples: dict[str, list[dict]]) -> None:
-    report = {p: {"n": len(s), "desired_median": statistics.median([x["desired"] or 0 for x in s]) if s else None,
-                  "binding": statistics.mode([",".join(x["binding"]) for x in s]) if s else None,
-                  "alerting": sum(1 for x in s if x["alert"]),
-                  "firing": sum(1 for x in s if "firing" in x["alert"])} for p, s in samples.items()}
+    report = {
+        p: {
+            "n": len(s),
+            "desired_median": statistics.median([x["desired"] or 0 for x in s]) if s else None,
+            "binding": statistics.mode([",".join(x["binding"]) for x in s]) if s else None,
+            "alerting": sum(1 for x in s if x["alert"]),
+            "firing": sum(1 for x in s if "firing" in x["alert"]),
+        }
+        for p, s in samples.items()
+    }
     print("\nautoscaling phases:", report)
     for phase in ("light", "kv_cache", "token_budget", "max_num_seqs"):
         assert len(samples[phase]) >= 10, (phase, report)

@@ -42,8 +42,17 @@ def quick():
 def test_prints_the_table_of_ratios(quick):
     _, table = quick
     assert "cycle / parse-baseline" in table
-    for row in ("(a) real vLLM 0.32", "(b) 8 engines x 2 models", "series", "16x", "peak RSS", "fan-in", "detection", "logs:",
-                "report:"):
+    for row in (
+        "(a) real vLLM 0.32",
+        "(b) 8 engines x 2 models",
+        "series",
+        "16x",
+        "peak RSS",
+        "fan-in",
+        "detection",
+        "logs:",
+        "report:",
+    ):
         assert row in table
 
 
@@ -109,9 +118,11 @@ def test_report_against_a_replay_of_the_same_recording(quick):
 
 
 def test_check_gates_each_goal_with_its_margin():
-    within = {"cycle": {"a_real": {"ratio": 0.185}, "b_8x2": {"ratio": 0.139}},
-              "memory": {"peak_rss_mib": 64.0},
-              "fanin": {"levels": [{"targets": 200, "targets_per_core": 253.0}]}}
+    within = {
+        "cycle": {"a_real": {"ratio": 0.185}, "b_8x2": {"ratio": 0.139}},
+        "memory": {"peak_rss_mib": 64.0},
+        "fanin": {"levels": [{"targets": 200, "targets_per_core": 253.0}]},
+    }
     assert gate_failures(within) == []
     dearer = copy.deepcopy(within)
     dearer["cycle"]["a_real"]["ratio"] = 0.36  # a sixth dearer than today's worst reading under load

@@ -27,8 +27,12 @@ BOUND = ["kv_cache", "max_num_seqs", "max_num_seqs_running_dips", "token_budget"
 
 @pytest.mark.parametrize("scenario", BOUND)
 def test_the_binding_capacity_is_the_diagnosed_bottleneck_on_real_captures(scenario):
-    queued = [e for d in replay(scenario, HINTS[scenario]) for e in d.engines
-              if e.signals.queue.waiting and e.signals.queue.waiting_streak >= 2 and e.bottleneck != "none"]
+    queued = [
+        e
+        for d in replay(scenario, HINTS[scenario])
+        for e in d.engines
+        if e.signals.queue.waiting and e.signals.queue.waiting_streak >= 2 and e.bottleneck != "none"
+    ]
     assert len(queued) >= 5, scenario
     for e in queued:
         assert e.capacity_limit == e.bottleneck, (e.signals.t, e.capacity_sequences, e.evidence)
@@ -86,7 +90,11 @@ def test_the_worst_case_counts_every_limit_capacity_can_report():
     from kvwatch.export import _series_per_key
 
     s = Signals(model_name="m", engine="0", t=0.0, samples=2, span_seconds=1.0)
-    s.capacity.estimated_max_concurrency, s.capacity.mean_prompt_tokens, s.capacity.mean_sequence_tokens = 40.0, 300.0, 500.0
+    s.capacity.estimated_max_concurrency, s.capacity.mean_prompt_tokens, s.capacity.mean_sequence_tokens = (
+        40.0,
+        300.0,
+        500.0,
+    )
     s.capacity.max_lora, s.capacity.lora_running, s.capacity.lora_waiting, s.queue.running = 2, 2, 3, 12.0
     reported = capacity_sequences(s, 32, 2048)
     assert set(reported) == set(CAPACITY_LIMITS)

@@ -14,10 +14,10 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvwatch.engines import ENGINES
-from kvwatch.engines.vllm import ENGINE as VLLM
 from kvwatch.catalog import FAMILIES, Action, Bottleneck, KvPressure, Thresholds, most_severe
 from kvwatch.diagnose import RULES, SENTENCES, Hints, diagnose_engine
+from kvwatch.engines import ENGINES
+from kvwatch.engines.vllm import ENGINE as VLLM
 from kvwatch.export import KvwatchCollector
 from kvwatch.state import Target
 from kvwatch.window import Signals
@@ -51,7 +51,9 @@ def spelled_by_hand(source: str) -> list[tuple[int, str]]:
         id(n.body[0].value)
         for n in ast.walk(tree)
         if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
-        and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)
+        and n.body
+        and isinstance(n.body[0], ast.Expr)
+        and isinstance(n.body[0].value, ast.Constant)
     }
     for node in ast.walk(tree):
         if isinstance(node, ast.Compare) and _mentions(node):
@@ -78,14 +80,17 @@ def test_no_bottleneck_or_action_is_spelled_outside_the_catalogue():
     assert not offences, "use kvwatch.catalog's enums:\n" + "\n".join(offences)
 
 
-@pytest.mark.parametrize("code", [
-    'if d.bottleneck == "kv_cache": pass',
-    'x = d["bottleneck"] in ("none", "idle")',
-    'LIMITS = ("kv_cache", "max_num_seqs")',
-    'b = Bottleneck("stalled")',
-    'if r.action != "add_replica": pass',
-    '''RE = r'^kvwatch_bottleneck\\{bottleneck="kv_cache",[^}]*\\} 1$' ''',
-])
+@pytest.mark.parametrize(
+    "code",
+    [
+        'if d.bottleneck == "kv_cache": pass',
+        'x = d["bottleneck"] in ("none", "idle")',
+        'LIMITS = ("kv_cache", "max_num_seqs")',
+        'b = Bottleneck("stalled")',
+        'if r.action != "add_replica": pass',
+        """RE = r'^kvwatch_bottleneck\\{bottleneck="kv_cache",[^}]*\\} 1$' """,
+    ],
+)
 def test_the_literal_check_catches_each_way_of_spelling_a_name(code):
     assert spelled_by_hand(code)
 

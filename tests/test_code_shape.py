@@ -43,14 +43,17 @@ def _lengths() -> dict[str, int]:
 
 
 def test_counts_def_to_end_of_body_without_decorators():
-    tree = ast.parse("@decorator\n@another\ndef f():\n    x = 1\n\n    return x\n\n\nclass C:\n    def m(self):\n        pass\n")
+    tree = ast.parse(
+        "@decorator\n@another\ndef f():\n    x = 1\n\n    return x\n\n\nclass C:\n    def m(self):\n        pass\n"
+    )
     assert dict(_functions(tree)) == {"f": 4, "C.m": 2}
 
 
 def test_no_function_in_kvwatch_is_longer_than_60_lines():
     long = {k: n for k, n in _lengths().items() if n > MAX_LINES and k not in ALLOWED}
-    assert not long, f"functions longer than {MAX_LINES} lines (split them, or allow-list one with a reason): " + ", ".join(
-        f"{k} ({n} lines)" for k, n in sorted(long.items())
+    assert not long, (
+        f"functions longer than {MAX_LINES} lines (split them, or allow-list one with a reason): "
+        + ", ".join(f"{k} ({n} lines)" for k, n in sorted(long.items()))
     )
 
 

@@ -88,8 +88,12 @@ def ranges(expr: str) -> list[str]:
     return re.findall(r"\[([^\]]*)\]", expr)
 
 
-OPS = [(promql_parser.MatchOp.Equal, "="), (promql_parser.MatchOp.NotEqual, "!="),
-       (promql_parser.MatchOp.Re, "=~"), (promql_parser.MatchOp.NotRe, "!~")]
+OPS = [
+    (promql_parser.MatchOp.Equal, "="),
+    (promql_parser.MatchOp.NotEqual, "!="),
+    (promql_parser.MatchOp.Re, "=~"),
+    (promql_parser.MatchOp.NotRe, "!~"),
+]
 
 
 def matchers_of(vs: promql_parser.VectorSelector) -> dict[str, tuple[str, str]]:
@@ -253,8 +257,14 @@ def test_query_conventions(name, panel, target):
             continue
         assert m.get("namespace") == ("=~", "<namespace>"), f"{vs.name} not scoped by $namespace"
         assert m.get("pod") == ("=~", "<pod>"), f"{vs.name} not scoped by $pod"
-        if vs.name not in {"kvwatch_up", "kvwatch_scrape_duration_seconds", "kvwatch_scrape_errors_total",
-                           "kvwatch_target_bottleneck", "kvwatch_build_info", "kvwatch_target_info"}:
+        if vs.name not in {
+            "kvwatch_up",
+            "kvwatch_scrape_duration_seconds",
+            "kvwatch_scrape_errors_total",
+            "kvwatch_target_bottleneck",
+            "kvwatch_build_info",
+            "kvwatch_target_info",
+        }:
             assert m.get("model_name") == ("=~", "<model_name>"), f"{vs.name} not scoped by $model_name"
 
 
@@ -373,9 +383,13 @@ def test_engine_families_come_from_the_adapters():
         sglang.KEEP_FAMILIES | trtllm.KEEP_FAMILIES | llamacpp.KEEP_FAMILIES
     )
     exprs = [t["expr"] for _, p, t in all_queries() if p["title"] == "SLO attainment"]
-    for name in ("vllm:time_to_first_token_seconds_bucket", "sglang:time_to_first_token_seconds_bucket",
-                 "trtllm_time_to_first_token_seconds_bucket", "sglang:inter_token_latency_seconds_count",
-                 "trtllm_time_per_output_token_seconds_count"):
+    for name in (
+        "vllm:time_to_first_token_seconds_bucket",
+        "sglang:time_to_first_token_seconds_bucket",
+        "trtllm_time_to_first_token_seconds_bucket",
+        "sglang:inter_token_latency_seconds_count",
+        "trtllm_time_per_output_token_seconds_count",
+    ):
         assert name in common.metrics_in(exprs), name
 
 

@@ -29,11 +29,10 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.helpers.process import wait_for  # noqa: E402
-from tests.helpers.prometheus import Kvwatch, Prometheus  # noqa: E402
-
 import grafana  # noqa: E402  (the package grafana/generate.py runs)
 from grafana import common  # noqa: E402
+from tests.helpers.process import wait_for  # noqa: E402
+from tests.helpers.prometheus import Kvwatch, Prometheus  # noqa: E402
 
 pytestmark = [pytest.mark.pipeline, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -164,10 +163,11 @@ class Panels:
             found: list[promql_parser.VectorSelector] = []
             promql_parser.walk(
                 promql_parser.parse(expr),
-                lambda n: found.append(n) if isinstance(n, promql_parser.VectorSelector) else None,
+                lambda n, found=found: found.append(n) if isinstance(n, promql_parser.VectorSelector) else None,
             )
             absent = [
-                str(vs) for vs in found
+                str(vs)
+                for vs in found
                 if not self.prom.query(f"count(last_over_time({vs}[{int(now - self.start) + 1}s]))", time=now)
             ]
             lines.append(f"{key}\n    query: {expr}\n    selectors with no series in the run: {absent or 'none'}")
@@ -179,24 +179,37 @@ def stack(tmp_path_factory):
     work = tmp_path_factory.mktemp("dashboards")
     sim = Kvwatch(
         ["sim", "--scenario", "tour", "--speed", SPEED],
-        work / "sim", listen_flag="--port", ready_path="/metrics", name="sim",
+        work / "sim",
+        listen_flag="--port",
+        ready_path="/metrics",
+        name="sim",
     )
     with sim:
         kv = Kvwatch(["run", "--target", f"{sim.url}/metrics", "--interval", "1"], work / "kvwatch")
         with kv:
             config = {
-                "global": {"scrape_interval": f"{SCRAPE_INTERVAL}s", "evaluation_interval": f"{SCRAPE_INTERVAL}s",
-                           "scrape_timeout": f"{SCRAPE_INTERVAL}s"},
+                "global": {
+                    "scrape_interval": f"{SCRAPE_INTERVAL}s",
+                    "evaluation_interval": f"{SCRAPE_INTERVAL}s",
+                    "scrape_timeout": f"{SCRAPE_INTERVAL}s",
+                },
                 "scrape_configs": [
-                    {"job_name": "kvwatch",
-                     "static_configs": [{"targets": [f"127.0.0.1:{kv.port}"], "labels": POD_LABELS}]},
-                    {"job_name": "vllm",
-                     "static_configs": [{"targets": [f"127.0.0.1:{sim.port}"], "labels": POD_LABELS}]},
+                    {
+                        "job_name": "kvwatch",
+                        "static_configs": [{"targets": [f"127.0.0.1:{kv.port}"], "labels": POD_LABELS}],
+                    },
+                    {
+                        "job_name": "vllm",
+                        "static_configs": [{"targets": [f"127.0.0.1:{sim.port}"], "labels": POD_LABELS}],
+                    },
                 ],
             }
             with Prometheus(config, work / "prometheus", rule_files=recording_rule_files()) as prom:
-                prom.wait_for(lambda: len([t for t in prom.targets() if t["health"] == "up"]) == 2,
-                              timeout=60, what="both scrape targets up")
+                prom.wait_for(
+                    lambda: len([t for t in prom.targets() if t["health"] == "up"]) == 2,
+                    timeout=60,
+                    what="both scrape targets up",
+                )
                 yield Stack(prom, sim, kv, time.time() - 1)
 
 
@@ -217,9 +230,11 @@ def test_every_panel_query_returns_data(stack):
     except TimeoutError:
         pass
     elapsed = time.time() - start
-    print(f"\n{panels.total - len(panels.pending)}/{panels.total} dashboard queries returned data "
-          f"after {elapsed:.0f}s of the tour (speed {SPEED}, scrape {SCRAPE_INTERVAL}s, "
-          f"$__rate_interval={RATE_INTERVAL}); variables: {panels.values.get('kvwatch-overview')}")
+    print(
+        f"\n{panels.total - len(panels.pending)}/{panels.total} dashboard queries returned data "
+        f"after {elapsed:.0f}s of the tour (speed {SPEED}, scrape {SCRAPE_INTERVAL}s, "
+        f"$__rate_interval={RATE_INTERVAL}); variables: {panels.values.get('kvwatch-overview')}"
+    )
     assert sim.running() and kv.running(), "the simulator or kvwatch died:\n" + sim.log_tail() + kv.log_tail()
     assert not panels.errors, "Prometheus refused these queries:\n" + "\n".join(
         f"{k}: {v}" for k, v in panels.errors.items()
@@ -233,7 +248,7 @@ def test_every_panel_query_returns_data(stack):
 def test_variable_queries_return_the_pod_labels(stack):
     prom = stack.prom
     for name, dash in grafana.build_all().items():
-        values = wait_for(lambda: variable_values(prom, dash), timeout=120, what=f"{name} variables")
+        values = wait_for(lambda dash=dash: variable_values(prom, dash), timeout=120, what=f"{name} variables")
         assert values["namespace"] == grafana_regex_escape(POD_LABELS["namespace"])
         assert values["pod"] == grafana_regex_escape(POD_LABELS["pod"])
         assert values["model_name"]

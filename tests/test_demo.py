@@ -16,7 +16,9 @@ def test_demo_plain_shows_at_least_three_bottlenecks():
     port = free_port()
     r = subprocess.run(
         [sys.executable, "-m", "kvwatch", "demo", "--duration", "20", "--plain", "--listen", f"127.0.0.1:{port}"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert r.returncode == 0, r.stderr
     # The status page's URL comes first: the one thing to open.
@@ -29,6 +31,10 @@ def test_demo_plain_shows_at_least_three_bottlenecks():
 
 
 def test_demo_bad_setting_is_one_line_exit_2():
-    r = subprocess.run([sys.executable, "-m", "kvwatch", "demo", "--scenario", "nope", "--duration", "1"],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "kvwatch", "demo", "--scenario", "nope", "--duration", "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr

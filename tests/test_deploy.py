@@ -183,7 +183,8 @@ def test_monitoring_renders_the_generated_rule_and_dashboards():
     """What deploy/monitoring/ applies is the committed alerts/prometheusrule.yaml and grafana/dashboards/*.json."""
     docs = render(DEPLOY / "monitoring")
     assert [d for d in docs if d["kind"] == "PrometheusRule"] == [
-        yaml.safe_load((REPO / "alerts" / "prometheusrule.yaml").read_text())]
+        yaml.safe_load((REPO / "alerts" / "prometheusrule.yaml").read_text())
+    ]
     dashboards = {key: body for d in docs if d["kind"] == "ConfigMap" for key, body in d["data"].items()}
     assert dashboards == {p.name: p.read_text() for p in (REPO / "grafana" / "dashboards").glob("*.json")}
 
@@ -208,8 +209,11 @@ def test_example_holds_the_whole_stack():
     assert kinds["PodMonitor"] == {"kvwatch", "vllm"}
     if (REPO / "alerts" / "prometheusrule.yaml").is_file():
         assert "PrometheusRule" in kinds
-    dashboards = [d for d in render(EXAMPLE) if d["kind"] == "ConfigMap"
-                  and d["metadata"].get("labels", {}).get("grafana_dashboard") == "1"]
+    dashboards = [
+        d
+        for d in render(EXAMPLE)
+        if d["kind"] == "ConfigMap" and d["metadata"].get("labels", {}).get("grafana_dashboard") == "1"
+    ]
     assert dashboards, "the dashboards ship as ConfigMaps labelled grafana_dashboard=1"
     for cm in dashboards:
         # client-side `kubectl apply` keeps a copy in an annotation limited to 256 KiB
@@ -229,7 +233,9 @@ def test_builtin_kinds_validate_strictly(path, version, tmp_path):
     manifest.write_text(yaml.safe_dump_all(docs))
     proc = subprocess.run(
         [sys.executable, "-m", "kubernetes_validate", "--strict", "-k", version, str(manifest)],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
@@ -252,8 +258,11 @@ def _strict(schema):
     """Reject unknown fields where the CRD lists the known ones (as the API server's strict validation)."""
     if isinstance(schema, dict):
         schema = {k: _strict(v) for k, v in schema.items()}
-        if ("properties" in schema and "additionalProperties" not in schema
-                and not schema.get("x-kubernetes-preserve-unknown-fields")):
+        if (
+            "properties" in schema
+            and "additionalProperties" not in schema
+            and not schema.get("x-kubernetes-preserve-unknown-fields")
+        ):
             schema["additionalProperties"] = False
         return schema
     if isinstance(schema, list):
@@ -295,12 +304,28 @@ def test_crd_validation_rejects_a_misspelt_field():
 
 # -- Pod Security "restricted" -----------------------------------------------------------------------------
 
-RESTRICTED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
-                      "projected", "secret"}
-SAFE_SYSCTLS = {"kernel.shm_rmid_forced", "net.ipv4.ip_local_port_range", "net.ipv4.ip_unprivileged_port_start",
-                "net.ipv4.tcp_syncookies", "net.ipv4.ping_group_range", "net.ipv4.ip_local_reserved_ports",
-                "net.ipv4.tcp_keepalive_time", "net.ipv4.tcp_fin_timeout", "net.ipv4.tcp_keepalive_intvl",
-                "net.ipv4.tcp_keepalive_probes"}
+RESTRICTED_VOLUMES = {
+    "configMap",
+    "csi",
+    "downwardAPI",
+    "emptyDir",
+    "ephemeral",
+    "persistentVolumeClaim",
+    "projected",
+    "secret",
+}
+SAFE_SYSCTLS = {
+    "kernel.shm_rmid_forced",
+    "net.ipv4.ip_local_port_range",
+    "net.ipv4.ip_unprivileged_port_start",
+    "net.ipv4.tcp_syncookies",
+    "net.ipv4.ping_group_range",
+    "net.ipv4.ip_local_reserved_ports",
+    "net.ipv4.tcp_keepalive_time",
+    "net.ipv4.tcp_fin_timeout",
+    "net.ipv4.tcp_keepalive_intvl",
+    "net.ipv4.tcp_keepalive_probes",
+}
 
 
 def restricted_violations(spec: dict) -> list[str]:
@@ -380,7 +405,8 @@ def test_example_namespace_enforces_restricted():
     (ns,) = [d for d in render(EXAMPLE) if d["kind"] == "Namespace"]
     assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
     assert {d["metadata"].get("namespace") for d in render(EXAMPLE) if d["kind"] != "Namespace"} == {
-        ns["metadata"]["name"]}
+        ns["metadata"]["name"]
+    }
 
 
 def test_kvwatch_container_security_context():
@@ -500,7 +526,10 @@ def test_kvwatch_runs_with_the_manifest_env_and_answers_the_probes(tmp_path):
     kv = kvwatch_container(example_deployment()["spec"]["template"])
     env = resolved_env(kv, docs)
     assert {k: env[k] for k in SCHEDULER_ENV} == {
-        "KVWATCH_MAX_NUM_SEQS": "128", "KVWATCH_MAX_NUM_BATCHED_TOKENS": "8192", "KVWATCH_MAX_MODEL_LEN": "8192"}
+        "KVWATCH_MAX_NUM_SEQS": "128",
+        "KVWATCH_MAX_NUM_BATCHED_TOKENS": "8192",
+        "KVWATCH_MAX_MODEL_LEN": "8192",
+    }
     # Loopback only in tests: a closed port stands in for vLLM (still loading); --listen overrides the
     # manifest's 0.0.0.0:9847, checked above.
     env["KVWATCH_TARGET"] = f"http://127.0.0.1:{free_port()}/metrics"
@@ -543,7 +572,8 @@ def test_kvwatch_and_vllm_read_the_same_configmap_keys():
 def test_component_attaches_to_your_own_deployment_only(tmp_path):
     user = tmp_path / "my-vllm"
     user.mkdir()
-    (user / "deployment.yaml").write_text(textwrap.dedent("""\
+    (user / "deployment.yaml").write_text(
+        textwrap.dedent("""\
         apiVersion: apps/v1
         kind: Deployment
         metadata:
@@ -582,9 +612,11 @@ def test_component_attaches_to_your_own_deployment_only(tmp_path):
               containers:
                 - name: router
                   image: router:1.0
-        """))
+        """)
+    )
     rel = os.path.relpath(DEPLOY / "components", user)
-    (user / "kustomization.yaml").write_text(textwrap.dedent(f"""\
+    (user / "kustomization.yaml").write_text(
+        textwrap.dedent(f"""\
         apiVersion: kustomize.config.k8s.io/v1beta1
         kind: Kustomization
         resources:
@@ -595,8 +627,9 @@ def test_component_attaches_to_your_own_deployment_only(tmp_path):
         images:
           - name: kvwatch
             newName: registry.example.com/kvwatch
-            newTag: "{PYPROJECT['project']['version']}"
-        """))
+            newTag: "{PYPROJECT["project"]["version"]}"
+        """)
+    )
     docs = kustomize(user)
     deployments = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Deployment"}
     spec = deployments["my-vllm"]["spec"]["template"]["spec"]
@@ -605,7 +638,9 @@ def test_component_attaches_to_your_own_deployment_only(tmp_path):
     assert [c["name"] for c in spec["containers"]] == ["vllm"]
     assert {v["name"] for v in spec["volumes"]} == {"cache", "kvwatch-tmp"}
     assert deployments["my-vllm"]["spec"]["template"]["metadata"]["labels"] == {"app": "my-vllm", LABEL: "true"}
-    assert kvwatch_container({"spec": spec})["image"] == f"registry.example.com/kvwatch:{PYPROJECT['project']['version']}"
+    assert (
+        kvwatch_container({"spec": spec})["image"] == f"registry.example.com/kvwatch:{PYPROJECT['project']['version']}"
+    )
     assert "initContainers" not in deployments["router"]["spec"]["template"]["spec"]
     assert LABEL not in deployments["router"]["spec"]["template"]["metadata"]["labels"]
     assert {d["metadata"]["name"] for d in docs if d["kind"] == "PodMonitor"} == {"kvwatch", "vllm"}
@@ -629,7 +664,8 @@ def kustomization_snippets(page: Path, root: str) -> dict:
 def _write_user_kustomization(tmp_path: Path, page: Path) -> tuple[Path, dict]:
     user = tmp_path / "my-vllm"
     user.mkdir()
-    (user / "vllm-deployment.yaml").write_text(textwrap.dedent("""\
+    (user / "vllm-deployment.yaml").write_text(
+        textwrap.dedent("""\
         apiVersion: apps/v1
         kind: Deployment
         metadata:
@@ -647,7 +683,8 @@ def _write_user_kustomization(tmp_path: Path, page: Path) -> tuple[Path, dict]:
                 - name: vllm
                   image: vllm/vllm-openai:v0.32.0
                   ports: [{containerPort: 8000}]
-        """))
+        """)
+    )
     snippets = kustomization_snippets(page, os.path.relpath(REPO, user))
     (user / "kustomization.yaml").write_text(yaml.safe_dump({k: v for k, v in snippets.items() if k != "_blocks"}))
     return user, snippets
@@ -678,8 +715,12 @@ def test_deploy_readmes_snippets_work_as_written(tmp_path):
     assert len(by_kind["PodMonitor"]) == 2 and len(by_kind["PrometheusRule"]) == 1
     (policy,) = [d for d in by_kind["NetworkPolicy"] if d["metadata"]["name"] == "kvwatch-allow-prometheus"]
     (peer,) = policy["spec"]["ingress"][0]["from"]
-    wanted = {op["path"]: op["value"] for p in snippets["patches"] if p["target"]["kind"] == "NetworkPolicy"
-              for op in yaml.safe_load(p["patch"])}
+    wanted = {
+        op["path"]: op["value"]
+        for p in snippets["patches"]
+        if p["target"]["kind"] == "NetworkPolicy"
+        for op in yaml.safe_load(p["patch"])
+    }
     assert peer["namespaceSelector"]["matchLabels"] == wanted["/spec/ingress/0/from/0/namespaceSelector/matchLabels"]
     assert peer["podSelector"]["matchLabels"] == wanted["/spec/ingress/0/from/0/podSelector/matchLabels"]
     assert peer["namespaceSelector"]["matchLabels"] != {"kubernetes.io/metadata.name": "monitoring"}
@@ -698,7 +739,8 @@ def test_deploy_readmes_snippets_work_as_written(tmp_path):
 
 def _selects(selector: dict, labels: dict) -> bool:
     return all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items()) and not selector.get(
-        "matchExpressions")
+        "matchExpressions"
+    )
 
 
 def test_podmonitors_scrape_kvwatch_and_vllm():
@@ -714,7 +756,8 @@ def test_podmonitors_scrape_kvwatch_and_vllm():
     (ep,) = monitors["vllm"]["spec"]["podMetricsEndpoints"]
     assert ep["path"] == "/metrics"
     assert ep["portNumber"] in {p["containerPort"] for p in spec["containers"][0]["ports"]}, (
-        "a PodMonitor only scrapes declared ports")
+        "a PodMonitor only scrapes declared ports"
+    )
 
 
 def _resolve_port(port, pod_spec: dict) -> int:
@@ -749,8 +792,11 @@ def test_networkpolicy_admits_only_prometheus_to_kvwatchs_port():
             assert "namespaceSelector" in peer and "ipBlock" not in peer
     # vLLM's API stays reachable for its clients (the example's own policy)
     vllm_port = next(p["containerPort"] for p in spec["containers"][0]["ports"] if p["name"] == "http")
-    assert any(vllm_port in {_resolve_port(p["port"], spec) for p in r.get("ports", [])} and not r.get("from")
-               for pol in policies for r in pol["spec"].get("ingress", []))
+    assert any(
+        vllm_port in {_resolve_port(p["port"], spec) for p in r.get("ports", [])} and not r.get("from")
+        for pol in policies
+        for r in pol["spec"].get("ingress", [])
+    )
 
 
 # -- the optional web-config component: TLS and basic auth on kvwatch's port ------------------------------
@@ -760,8 +806,9 @@ MOUNT_ROOT = "/etc/kvwatch/"
 
 
 def _web_config_template() -> dict:
-    (d,) = [d for d in render(WITH_WEB_CONFIG) if d["kind"] == "Deployment"
-            and d["metadata"]["labels"].get(LABEL) == "true"]
+    (d,) = [
+        d for d in render(WITH_WEB_CONFIG) if d["kind"] == "Deployment" and d["metadata"]["labels"].get(LABEL) == "true"
+    ]
     return d["spec"]["template"]
 
 
@@ -799,7 +846,9 @@ def test_web_config_component_mounts_the_secrets_where_the_config_says():
     (secret,) = [d for d in render(WITH_WEB_CONFIG) if d["kind"] == "Secret"]
     assert secret["metadata"]["name"] == "kvwatch-web-config", "no hash suffix: an update reaches the pod"
     (deployment,) = [d for d in render(WITH_WEB_CONFIG) if d["kind"] == "Deployment"]
-    assert secret["metadata"].get("namespace") == deployment["metadata"]["namespace"], "a volume's Secret: same namespace"
+    assert secret["metadata"].get("namespace") == deployment["metadata"]["namespace"], (
+        "a volume's Secret: same namespace"
+    )
 
 
 def test_web_config_component_changes_only_what_tls_and_auth_need():
@@ -813,8 +862,9 @@ def test_web_config_component_changes_only_what_tls_and_auth_need():
     kv["volumeMounts"] = [m for m in kv["volumeMounts"] if not m["mountPath"].startswith(MOUNT_ROOT)]
     assert kv == plain
     spec = _web_config_template()["spec"]
-    assert {v["name"] for v in spec["volumes"]} - {v["name"] for v in example_deployment()["spec"]["template"][
-        "spec"]["volumes"]} == {"kvwatch-web-config", "kvwatch-tls"}
+    assert {v["name"] for v in spec["volumes"]} - {
+        v["name"] for v in example_deployment()["spec"]["template"]["spec"]["volumes"]
+    } == {"kvwatch-web-config", "kvwatch-tls"}
 
     monitors = {d["metadata"]["name"]: d for d in render(WITH_WEB_CONFIG) if d["kind"] == "PodMonitor"}
     plain_monitors = {d["metadata"]["name"]: d for d in render(EXAMPLE) if d["kind"] == "PodMonitor"}
@@ -822,8 +872,10 @@ def test_web_config_component_changes_only_what_tls_and_auth_need():
     (ep,) = monitors["kvwatch"]["spec"]["podMetricsEndpoints"]
     assert ep.pop("scheme") == "https"
     assert ep.pop("tlsConfig") == {"ca": {"secret": {"name": "kvwatch-tls", "key": "ca.crt"}}, "serverName": "kvwatch"}
-    assert ep.pop("basicAuth") == {"username": {"name": "kvwatch-scrape-auth", "key": "username"},
-                                   "password": {"name": "kvwatch-scrape-auth", "key": "password"}}
+    assert ep.pop("basicAuth") == {
+        "username": {"name": "kvwatch-scrape-auth", "key": "username"},
+        "password": {"name": "kvwatch-scrape-auth", "key": "password"},
+    }
     assert monitors["kvwatch"] == plain_monitors["kvwatch"]
 
 
@@ -865,14 +917,17 @@ def test_kvwatch_with_the_web_config_component_serves_probes_openly_and_metrics_
     leaf = ca.issue(tmp_path / "leaf", dns=("kvwatch",))
     password = "scrape-password-2718"
     _, text = _rendered_web_config()
-    local = _lay_out_secrets(tmp_path / "etc", text, leaf, bcrypt.hashpw(password.encode(), bcrypt.gensalt(10)).decode())
+    local = _lay_out_secrets(
+        tmp_path / "etc", text, leaf, bcrypt.hashpw(password.encode(), bcrypt.gensalt(10)).decode()
+    )
     env = resolved_env(kv, docs)
     env["KVWATCH_WEB_CONFIG_FILE"] = str(local)
     env["KVWATCH_TARGET"] = f"http://127.0.0.1:{free_port()}/metrics"  # vLLM still loading
     (pm,) = [d for d in docs if d["kind"] == "PodMonitor" and d["metadata"]["name"] == "kvwatch"]
     (ep,) = pm["spec"]["podMetricsEndpoints"]
-    with Kvwatch(kv["args"], tmp_path, env=env, ready_path=kv["readinessProbe"]["httpGet"]["path"],
-                 ca_file=ca.cert) as proc:
+    with Kvwatch(
+        kv["args"], tmp_path, env=env, ready_path=kv["readinessProbe"]["httpGet"]["path"], ca_file=ca.cert
+    ) as proc:
         assert proc.url.startswith(ep["scheme"] + "://")
         for probe in ("livenessProbe", "readinessProbe"):
             get = kv[probe]["httpGet"]
@@ -899,8 +954,11 @@ RECEIVERS_DIR = "/etc/alertmanager/secrets/kvwatch-alertmanager-receivers/"
 
 def _alertmanager_secrets() -> dict[str, dict[str, bytes]]:
     docs = render(DEPLOY / "overlays" / "alertmanager")
-    return {d["metadata"]["name"]: {k: base64.b64decode(v) for k, v in d["data"].items()}
-            for d in docs if d["kind"] == "Secret"}
+    return {
+        d["metadata"]["name"]: {k: base64.b64decode(v) for k, v in d["data"].items()}
+        for d in docs
+        if d["kind"] == "Secret"
+    }
 
 
 def test_alertmanager_config_has_no_inline_credentials():
@@ -937,8 +995,9 @@ def test_alertmanager_config_checks_and_routes_by_severity(tmp_path):
         ("severity=warning", "alertname=KvwatchDown"): "ticket",
     }
     for labels, receiver in cases.items():
-        out = subprocess.run([amtool, "config", "routes", "test", f"--config.file={config}", *labels],
-                             capture_output=True, text=True)
+        out = subprocess.run(
+            [amtool, "config", "routes", "test", f"--config.file={config}", *labels], capture_output=True, text=True
+        )
         assert out.returncode == 0, out.stderr
         assert out.stdout.strip() == receiver, (labels, out.stdout)
 
@@ -965,9 +1024,12 @@ def test_alertmanager_reads_receiver_keys_from_the_mounted_secret(tmp_path):
         (pager,) = [r for r in config["receivers"] if r["name"] == "pager"]
         pager["pagerduty_configs"][0]["url"] = f"{rx.url}/pagerduty"
         with Alertmanager(config, tmp_path / "am") as am:
+
             def alert(name, severity, pod, **labels):
-                return {"labels": {"alertname": name, "severity": severity, "namespace": "ns", "pod": pod, **labels},
-                        "annotations": {"summary": f"{name} test", "description": "d"}}
+                return {
+                    "labels": {"alertname": name, "severity": severity, "namespace": "ns", "pod": pod, **labels},
+                    "annotations": {"summary": f"{name} test", "description": "d"},
+                }
 
             engine = {"target": "http://127.0.0.1:8000/metrics", "model_name": "m", "engine": "0"}
 
@@ -976,34 +1038,56 @@ def test_alertmanager_reads_receiver_keys_from_the_mounted_secret(tmp_path):
                 assert r.status_code == 200, r.text
 
             # The inhibiting alerts first (as in life: they are already firing), then the rest.
-            post([alert("KvwatchKVCacheAdmissionStall", "critical", "c", **engine),  # inhibits its warning
-                  alert("KvwatchDown", "warning", "d")])  # inhibits its pod's other kvwatch alerts
+            post(
+                [
+                    alert("KvwatchKVCacheAdmissionStall", "critical", "c", **engine),  # inhibits its warning
+                    alert("KvwatchDown", "warning", "d"),
+                ]
+            )  # inhibits its pod's other kvwatch alerts
             am.wait_for(lambda: len(am.alerts()) == 2, timeout=30, what="source alerts registered")
-            post([alert("KvwatchTestWarning", "warning", "a"),
-                  alert("KvwatchTestCritical", "critical", "b"),
-                  alert("KvwatchKVCacheAdmissionStall", "warning", "c", **engine),
-                  alert("KvwatchMaxNumSeqsBinding", "warning", "d", **engine)])
+            post(
+                [
+                    alert("KvwatchTestWarning", "warning", "a"),
+                    alert("KvwatchTestCritical", "critical", "b"),
+                    alert("KvwatchKVCacheAdmissionStall", "warning", "c", **engine),
+                    alert("KvwatchMaxNumSeqsBinding", "warning", "d", **engine),
+                ]
+            )
 
             def delivered(reqs):
                 bodies = {q.path: b"" for q in reqs}
                 for q in reqs:
                     bodies[q.path] += q.body
                 ok = b"KvwatchTestWarning" in bodies.get("/slack", b"") and b"KvwatchTestCritical" in bodies.get(
-                    "/pagerduty", b"")
+                    "/pagerduty", b""
+                )
                 return reqs if ok else None
 
             rx.wait_for(delivered, timeout=60, what="Slack and PagerDuty notifications")
 
             def inhibited():
-                state = {(a["labels"]["alertname"], a["labels"]["pod"], a["labels"]["severity"]): a["status"]
-                         for a in am.alerts()}
-                return state if all(state[k]["inhibitedBy"] for k in (
-                    ("KvwatchKVCacheAdmissionStall", "c", "warning"), ("KvwatchMaxNumSeqsBinding", "d", "warning"))
-                ) else None
+                state = {
+                    (a["labels"]["alertname"], a["labels"]["pod"], a["labels"]["severity"]): a["status"]
+                    for a in am.alerts()
+                }
+                return (
+                    state
+                    if all(
+                        state[k]["inhibitedBy"]
+                        for k in (
+                            ("KvwatchKVCacheAdmissionStall", "c", "warning"),
+                            ("KvwatchMaxNumSeqsBinding", "d", "warning"),
+                        )
+                    )
+                    else None
+                )
 
             state = am.wait_for(inhibited, timeout=60, what="inhibitions")
-            for key in (("KvwatchKVCacheAdmissionStall", "c", "critical"), ("KvwatchDown", "d", "warning"),
-                        ("KvwatchTestWarning", "a", "warning")):
+            for key in (
+                ("KvwatchKVCacheAdmissionStall", "c", "critical"),
+                ("KvwatchDown", "d", "warning"),
+                ("KvwatchTestWarning", "a", "warning"),
+            ):
                 assert not state[key]["inhibitedBy"], key
             got = rx.snapshot()
     # the Slack URL came from its key file (the requests reached it); so did PagerDuty's routing key

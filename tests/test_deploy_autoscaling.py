@@ -27,8 +27,18 @@ DESIRED = "namespace_model:kvwatch_desired_replicas:ceil"
 # The Prometheus scaler's trigger metadata (KEDA v2.20.2 pkg/scalers/prometheus_scaler.go, prometheusMetadata's
 # `keda:"name=..."` tags); KEDA ignores unknown keys, so a misspelt one would silently not apply.
 PROMETHEUS_SCALER_KEYS = {
-    "serverAddress", "query", "queryParameters", "threshold", "activationThreshold", "namespace", "customHeaders",
-    "ignoreNullValues", "unsafeSsl", "awsRegion", "timeout", "identityOwner",
+    "serverAddress",
+    "query",
+    "queryParameters",
+    "threshold",
+    "activationThreshold",
+    "namespace",
+    "customHeaders",
+    "ignoreNullValues",
+    "unsafeSsl",
+    "awsRegion",
+    "timeout",
+    "identityOwner",
 }
 
 
@@ -100,11 +110,16 @@ def test_the_hpa_reads_the_external_metric_the_adapter_rule_serves():
     docs = render(WITH_HPA)
     hpa, deploy = _one(docs, "HorizontalPodAutoscaler"), _one(docs, "Deployment")
     assert hpa["apiVersion"] == "autoscaling/v2"
-    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
-                                             "name": deploy["metadata"]["name"]}
+    assert hpa["spec"]["scaleTargetRef"] == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": deploy["metadata"]["name"],
+    }
     (metric,) = hpa["spec"]["metrics"]
-    assert metric["type"] == "External" and metric["external"]["target"] == {"type": "AverageValue",
-                                                                             "averageValue": "1"}
+    assert metric["type"] == "External" and metric["external"]["target"] == {
+        "type": "AverageValue",
+        "averageValue": "1",
+    }
     cm = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "prometheus-adapter-kvwatch"]
     (rule,) = yaml.safe_load(cm[0]["data"]["config.yaml"])["externalRules"]
     assert set(rule) == {"seriesQuery", "resources", "name", "metricsQuery"}

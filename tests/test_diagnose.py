@@ -79,7 +79,9 @@ def test_kv_cache_evidence_and_advice_follow_the_config():
 
 def test_a_dipping_running_gauge_does_not_lower_the_inferred_ceiling():
     """Real vLLM reads Running 3 or 1 for a sample while all 4 slots are busy (tests/fixtures/README.md)."""
-    inferred = {d.engines[0].max_num_seqs for d in replay("max_num_seqs_running_dips") if d.bottleneck == "max_num_seqs"}
+    inferred = {
+        d.engines[0].max_num_seqs for d in replay("max_num_seqs_running_dips") if d.bottleneck == "max_num_seqs"
+    }
     assert inferred >= {(4, "inferred")}
     late = [d for d in replay("max_num_seqs_running_dips") if d.bottleneck == "max_num_seqs"][5:]
     assert {d.engines[0].max_num_seqs for d in late} == {(4, "inferred")}
@@ -125,16 +127,39 @@ def test_token_budget_infers_the_budget():
 
 # The flat names the tests speak (Signals.as_dict's) -> (part, attribute) of Signals.
 _PARTS = {
-    "requests_running": ("queue", "running"), "requests_waiting": ("queue", "waiting"),
-    "requests_waiting_deferred": ("queue", "waiting_deferred"), "kv_cache_usage_ratio": ("kv", "usage_ratio"),
+    "requests_running": ("queue", "running"),
+    "requests_waiting": ("queue", "waiting"),
+    "requests_waiting_deferred": ("queue", "waiting_deferred"),
+    "kv_cache_usage_ratio": ("kv", "usage_ratio"),
     "kv_usage_recent_max": ("kv", "recent_max"),
-    **{k: ("queue", k) for k in ("running_mean", "running_recent_max", "running_max_waiting", "running_at_max_samples",
-                                 "waiting_samples", "waiting_streak", "waiting_recent_min")},
-    **{k: ("throughput", k) for k in ("preemptions_per_second", "stalled_seconds", "engine_step_tokens", "steps_per_second",
-                                      "step_tokens_max")},
-    **{k: ("capacity", k) for k in ("capacity_tokens", "mean_prompt_tokens", "mean_sequence_tokens",
-                                    "estimated_max_concurrency", "cache")},
-    "streak": ("queue", "streak"), "prompt_tokens_per_second": ("throughput", "prompt_tokens_per_second"),
+    **{
+        k: ("queue", k)
+        for k in (
+            "running_mean",
+            "running_recent_max",
+            "running_max_waiting",
+            "running_at_max_samples",
+            "waiting_samples",
+            "waiting_streak",
+            "waiting_recent_min",
+        )
+    },
+    **{
+        k: ("throughput", k)
+        for k in (
+            "preemptions_per_second",
+            "stalled_seconds",
+            "engine_step_tokens",
+            "steps_per_second",
+            "step_tokens_max",
+        )
+    },
+    **{
+        k: ("capacity", k)
+        for k in ("capacity_tokens", "mean_prompt_tokens", "mean_sequence_tokens", "estimated_max_concurrency", "cache")
+    },
+    "streak": ("queue", "streak"),
+    "prompt_tokens_per_second": ("throughput", "prompt_tokens_per_second"),
     "generation_tokens_per_second": ("throughput", "generation_tokens_per_second"),
     "log_averages": ("throughput", "log_averages"),
 }
@@ -155,9 +180,16 @@ def streak(running, waiting, kv=None, prompt_per_s=0.0, dt=1.0):
 
 def _sig(**kw):
     base = dict(
-        requests_running=5.0, requests_waiting=50.0,
-        kv_cache_usage_ratio=0.97, kv_usage_recent_max=0.97, running_mean=5.0, running_recent_max=6.0,
-        preemptions_per_second=2.0, capacity_tokens=100000, mean_prompt_tokens=300.0, mean_sequence_tokens=600.0,
+        requests_running=5.0,
+        requests_waiting=50.0,
+        kv_cache_usage_ratio=0.97,
+        kv_usage_recent_max=0.97,
+        running_mean=5.0,
+        running_recent_max=6.0,
+        preemptions_per_second=2.0,
+        capacity_tokens=100000,
+        mean_prompt_tokens=300.0,
+        mean_sequence_tokens=600.0,
         estimated_max_concurrency=166.0,
     )
     base.update(kw)
@@ -172,7 +204,13 @@ def _sig(**kw):
     "cache, hints, seq_tokens, present, absent",
     [
         (CacheConfig(cache_dtype="fp8_e4m3"), Hints(), 600.0, [], ["fp8_kv_cache"]),
-        (CacheConfig(cache_dtype="auto", enable_prefix_caching=True), Hints(), 600.0, ["fp8_kv_cache"], ["enable_prefix_caching"]),
+        (
+            CacheConfig(cache_dtype="auto", enable_prefix_caching=True),
+            Hints(),
+            600.0,
+            ["fp8_kv_cache"],
+            ["enable_prefix_caching"],
+        ),
         (CacheConfig(cache_dtype="auto", enable_prefix_caching=False), Hints(), 600.0, ["enable_prefix_caching"], []),
         (CacheConfig(), Hints(max_model_len=32768), 600.0, ["reduce_max_model_len"], []),
         (CacheConfig(), Hints(max_model_len=1024), 600.0, [], ["reduce_max_model_len"]),
@@ -190,7 +228,9 @@ def test_kv_recommendations_only_when_config_supports_them(cache, hints, seq_tok
 def test_stalled_beats_everything_and_idle_is_idle():
     d = diagnose_engine(_sig(stalled_seconds=12.0))
     assert d.bottleneck == "stalled" and [r.action for r in d.recommendations] == ["restart_engine"]
-    idle = diagnose_engine(_sig(requests_running=0.0, requests_waiting=0.0, running_recent_max=0.0, preemptions_per_second=0.0))
+    idle = diagnose_engine(
+        _sig(requests_running=0.0, requests_waiting=0.0, running_recent_max=0.0, preemptions_per_second=0.0)
+    )
     assert idle.bottleneck == "idle" and not idle.recommendations
 
 
@@ -213,8 +253,16 @@ def test_json_document_shape():
     doc = replay("kv_cache")[20].as_dict()
     assert set(doc) >= {"timestamp", "target", "bottleneck", "engines"}
     e = doc["engines"][0]
-    assert set(e) >= {"model_name", "engine", "bottleneck", "confidence", "confidence_reason", "evidence",
-                      "recommendations", "signals"}
+    assert set(e) >= {
+        "model_name",
+        "engine",
+        "bottleneck",
+        "confidence",
+        "confidence_reason",
+        "evidence",
+        "recommendations",
+        "signals",
+    }
     assert e["confidence"] in {str(c) for c in Confidence} and e["confidence_reason"]
     assert e["evidence"][-1] == f"confidence {e['confidence']}: {e['confidence_reason']}"
     assert "streak" not in e["signals"]  # the queue's samples stay inside kvwatch
@@ -226,9 +274,19 @@ def test_json_document_shape():
 def test_stray_arrivals_apart_do_not_name_a_ceiling_by_elimination():
     # Three samples with a queue in the window, but not in a row (Poisson arrivals): the latest one alone
     # says "just formed"; a queue in two samples in a row names no limit either: Running shows no plateau.
-    stray = dict(requests_waiting=2.0, requests_running=6.0, kv_cache_usage_ratio=0.1, kv_usage_recent_max=0.1,
-                 preemptions_per_second=0.0, running_mean=6.0, running_recent_max=6.0, running_max_waiting=6.0,
-                 running_at_max_samples=3, waiting_samples=3, waiting_recent_min=0.0)
+    stray = dict(
+        requests_waiting=2.0,
+        requests_running=6.0,
+        kv_cache_usage_ratio=0.1,
+        kv_usage_recent_max=0.1,
+        preemptions_per_second=0.0,
+        running_mean=6.0,
+        running_recent_max=6.0,
+        running_max_waiting=6.0,
+        running_at_max_samples=3,
+        waiting_samples=3,
+        waiting_recent_min=0.0,
+    )
     d = diagnose_engine(_sig(waiting_streak=1, streak=streak([6], [2], 0.1), **stray))
     assert d.bottleneck == "undetermined" and "just formed" in d.evidence[0]
     d = diagnose_engine(_sig(waiting_streak=2, streak=streak([6, 6], [2, 2], 0.1, 300.0), **stray))
@@ -240,9 +298,20 @@ def test_no_ceiling_by_elimination_while_no_engine_step_ends():
     # Real vLLM at the start of a burst of 1800-token prompts with a 256-token budget on a slow machine: one
     # request in chunked prefill for seconds, 119 waiting, no step output yet (so no step histogram
     # observation). Running 1 is not a ceiling; nothing can be named until a step ends.
-    queue = dict(requests_waiting=119.0, requests_running=1.0, kv_cache_usage_ratio=0.03, kv_usage_recent_max=0.03,
-                 preemptions_per_second=0.0, running_mean=1.0, running_recent_max=1.0, running_max_waiting=1.0,
-                 running_at_max_samples=3, waiting_samples=3, waiting_streak=3, waiting_recent_min=119.0)
+    queue = dict(
+        requests_waiting=119.0,
+        requests_running=1.0,
+        kv_cache_usage_ratio=0.03,
+        kv_usage_recent_max=0.03,
+        preemptions_per_second=0.0,
+        running_mean=1.0,
+        running_recent_max=1.0,
+        running_max_waiting=1.0,
+        running_at_max_samples=3,
+        waiting_samples=3,
+        waiting_streak=3,
+        waiting_recent_min=119.0,
+    )
     d = diagnose_engine(_sig(steps_per_second=0.0, **queue))
     assert d.bottleneck == "undetermined" and d.max_num_seqs is None and "no engine step finished" in d.evidence[0]
     # the first step that ends carries the whole prompt: the token budget, with or without the hint
@@ -262,9 +331,20 @@ def test_no_ceiling_by_elimination_while_one_step_could_make_the_steps_full():
     # The e2e token_budget run on a loaded machine (~3 steps/s): a 9 s window of 27 steps read 175.6 tokens per
     # step against a 256 budget, because vLLM counts each 1800-token prompt whole in the step its prefill ends.
     # 175.6 < 192 does not name the budget, but one step more (up to 2048) would: no ceiling by elimination.
-    queue = dict(requests_waiting=108.0, requests_running=5.0, kv_cache_usage_ratio=0.11, kv_usage_recent_max=0.12,
-                 preemptions_per_second=0.0, running_mean=5.0, running_recent_max=5.0, running_max_waiting=6.0,
-                 running_at_max_samples=2, waiting_samples=10, waiting_streak=10, waiting_recent_min=108.0)
+    queue = dict(
+        requests_waiting=108.0,
+        requests_running=5.0,
+        kv_cache_usage_ratio=0.11,
+        kv_usage_recent_max=0.12,
+        preemptions_per_second=0.0,
+        running_mean=5.0,
+        running_recent_max=5.0,
+        running_max_waiting=6.0,
+        running_at_max_samples=2,
+        waiting_samples=10,
+        waiting_streak=10,
+        waiting_recent_min=108.0,
+    )
     lumpy = _sig(engine_step_tokens=175.6, steps_per_second=3.0, step_tokens_max=2048.0, **queue)
     d = diagnose_engine(lumpy, Hints(max_num_batched_tokens=256))
     assert d.bottleneck == "undetermined" and d.max_num_seqs is None and "within one step" in d.evidence[0], d.evidence
@@ -272,9 +352,13 @@ def test_no_ceiling_by_elimination_while_one_step_could_make_the_steps_full():
     assert diagnose_engine(full, Hints(max_num_batched_tokens=256)).bottleneck == "token_budget"
     # a real sequence ceiling: decode steps of ~12 tokens and a 300-token prompt's end now and then, Running held
     # at 4 (a dip to 3) while the queue persisted and prompts were admitted
-    seqs = _sig(engine_step_tokens=12.0, steps_per_second=8.0, step_tokens_max=512.0,
-                streak=streak([4, 4, 3, 4, 4], [108, 104, 100, 96, 92], 0.12, 600.0),
-                **(queue | dict(requests_running=4.0, running_mean=3.6, running_recent_max=4.0, running_max_waiting=4.0)))
+    seqs = _sig(
+        engine_step_tokens=12.0,
+        steps_per_second=8.0,
+        step_tokens_max=512.0,
+        streak=streak([4, 4, 3, 4, 4], [108, 104, 100, 96, 92], 0.12, 600.0),
+        **(queue | dict(requests_running=4.0, running_mean=3.6, running_recent_max=4.0, running_max_waiting=4.0)),
+    )
     d = diagnose_engine(seqs)
     assert d.bottleneck == "max_num_seqs" and d.max_num_seqs == (4, "inferred")
 
@@ -282,8 +366,11 @@ def test_no_ceiling_by_elimination_while_one_step_could_make_the_steps_full():
 def test_a_configured_ceiling_reached_is_seen_not_inferred():
     """With --max-num-seqs 2, every moment Running reaches 2 while requests wait is max_num_seqs of high confidence
     (the ceiling observed), not the medium of a peak near it or the inferred plateau."""
-    reached = [d.engines[0] for d in replay("max_num_seqs", HINTS["max_num_seqs"])
-               if d.engines[0].signals.queue.waiting and (d.engines[0].signals.queue.running_recent_max or 0) >= 2]
+    reached = [
+        d.engines[0]
+        for d in replay("max_num_seqs", HINTS["max_num_seqs"])
+        if d.engines[0].signals.queue.waiting and (d.engines[0].signals.queue.running_recent_max or 0) >= 2
+    ]
     assert len(reached) >= 8
     for e in reached:
         assert e.bottleneck == "max_num_seqs" and e.confidence == Confidence.HIGH, e.evidence
@@ -294,9 +381,19 @@ def test_a_configured_ceiling_reached_is_seen_not_inferred():
 def test_one_request_waiting_briefly_is_none_with_medium_confidence():
     """Poisson traffic leaves a request between arrival and admission now and then: not a queue (none, medium), unlike
     a queue that persists with no limit seen (undetermined, low)."""
-    brief = dict(requests_waiting=1.0, requests_running=6.0, kv_cache_usage_ratio=0.1, kv_usage_recent_max=0.1,
-                 preemptions_per_second=0.0, running_mean=6.0, running_recent_max=6.0, running_max_waiting=6.0,
-                 waiting_samples=2, waiting_streak=2, waiting_recent_min=0.0)
+    brief = dict(
+        requests_waiting=1.0,
+        requests_running=6.0,
+        kv_cache_usage_ratio=0.1,
+        kv_usage_recent_max=0.1,
+        preemptions_per_second=0.0,
+        running_mean=6.0,
+        running_recent_max=6.0,
+        running_max_waiting=6.0,
+        waiting_samples=2,
+        waiting_streak=2,
+        waiting_recent_min=0.0,
+    )
     d = diagnose_engine(_sig(streak=streak([6, 6], [1, 1], 0.1, 300.0), **brief))
     assert d.bottleneck == "none" and d.confidence == Confidence.MEDIUM
     assert d.evidence[0] == "1 request waiting briefly; no limit binding"
@@ -316,14 +413,16 @@ def _recommendation_texts():
     P/D presets, and hand-made signals for the advice the captures never call for."""
     from kvwatch.sim.scenario import load_scenario
     from tests.test_diagnose_evidence import climbing, metrics_history
-    from tests.test_new_limits import diagnoses
+    from tests.test_sleep_and_lora_limits import diagnoses
 
     ds = [e for sc in HINTS for h in (Hints(), HINTS[sc]) for d in replay(sc, h) for e in d.engines]
     ds += diagnoses(load_scenario("max_loras"), 24) + diagnoses(load_scenario("kv_transfer"), 24)
     ds.append(diagnose_engine(metrics_history(climbing())))
-    for cache, hints in [(CacheConfig(cache_dtype="auto", enable_prefix_caching=False), Hints(max_model_len=32768)),
-                         (CacheConfig(gpu_memory_utilization=0.85), Hints()),
-                         (CacheConfig(kv_cache_memory_bytes=2**30), Hints())]:
+    for cache, hints in [
+        (CacheConfig(cache_dtype="auto", enable_prefix_caching=False), Hints(max_model_len=32768)),
+        (CacheConfig(gpu_memory_utilization=0.85), Hints()),
+        (CacheConfig(kv_cache_memory_bytes=2**30), Hints()),
+    ]:
         ds.append(diagnose_engine(_sig(cache=cache), hints))
         ds.append(diagnose_engine(_sig(cache=cache, estimated_max_concurrency=2.0, running_recent_max=6.0), hints))
     ds.append(diagnose_engine(_sig(stalled_seconds=12.0)))

@@ -44,7 +44,9 @@ def metrics_history(samples, *, prompt_len=None, output_len=None, capacity=None)
             steps += x["steps"]
             step_sum += x["step_tokens"] * x["steps"]
             b = next(i for i, bound in enumerate(STEP_BOUNDS) if x["step_tokens"] <= bound)
-            hists["iteration_tokens"] = Histogram(STEP_BOUNDS, [0.0] * b + [steps] * (len(STEP_BOUNDS) - b), step_sum, steps)
+            hists["iteration_tokens"] = Histogram(
+                STEP_BOUNDS, [0.0] * b + [steps] * (len(STEP_BOUNDS) - b), step_sum, steps
+            )
         if prompt_len is not None:  # vllm:request_prompt_tokens / request_generation_tokens of finished requests
             one = (math.inf,)
             hists["request_prompt_tokens"] = Histogram(one, [finished], finished * prompt_len, finished)
@@ -74,8 +76,13 @@ def climbing(steps=None):
     out = []
     for t in range(11):
         running = 40 + round(8.4 * t)
-        x = {"running": running, "waiting": 500 - 10 * t, "kv": 0.10 + 0.02 * t,
-             "prompt": 20000.0 + (300.0 if t % 2 else -250.0), "gen": 30.0 * running}
+        x = {
+            "running": running,
+            "waiting": 500 - 10 * t,
+            "kv": 0.10 + 0.02 * t,
+            "prompt": 20000.0 + (300.0 if t % 2 else -250.0),
+            "gen": 30.0 * running,
+        }
         if steps is not None:
             x |= steps
         out.append(x)
@@ -107,7 +114,10 @@ def test_1_with_step_data_that_shows_room_in_the_steps_it_is_admission_in_progre
     d = diagnose_engine(s, Hints(max_num_batched_tokens=8192))
     assert deciding_rule(s, Hints(max_num_batched_tokens=8192)) == "admission_in_progress"
     assert d.bottleneck == Bottleneck.UNDETERMINED and d.confidence == Confidence.LOW
-    assert "Running rose 40->124 and Waiting fell 500->400 over 10 s: admission in progress at 10.0 requests/s" in d.evidence[0]
+    assert (
+        "Running rose 40->124 and Waiting fell 500->400 over 10 s: admission in progress at 10.0 requests/s"
+        in d.evidence[0]
+    )
     assert "at that rate the queue is admitted in ~40 s" in text(d)
 
 
@@ -118,7 +128,9 @@ def test_1_in_kvwatch_logs_the_same_climb_is_token_budget_from_the_averages_with
     got = [(r.diagnosis.bottleneck, r.diagnosis.confidence) for r in s.results]
     # one record: nothing to compare, undetermined; two: Running climbs while prefill fills the steps, the likely
     # limit of a young queue (issue 25: it was none, medium); three: prefill steady over two intervals
-    assert got == [("undetermined", "low"), ("token_budget", "low"), ("token_budget", "low")], [r.diagnosis.evidence for r in s.results]
+    assert got == [("undetermined", "low"), ("token_budget", "low"), ("token_budget", "low")], [
+        r.diagnosis.evidence for r in s.results
+    ]
     assert "2 more samples of the queue until kvwatch can tell" in text(s.results[0].diagnosis)
     assert "Running climbs to 95 (window mean 68) and prefill fills the steps" in s.results[1].diagnosis.evidence[0]
     assert "1 more sample of the queue (~10 s) until kvwatch can tell" in text(s.results[1].diagnosis)
@@ -132,8 +144,10 @@ def test_1_in_kvwatch_logs_the_same_climb_is_token_budget_from_the_averages_with
 def test_1_in_kvwatch_logs_iteration_details_showing_room_in_the_steps_name_no_budget():
     """vLLM's --enable-logging-iteration-details lines (vllm/v1/metrics/loggers.py at 00ec631b,
     LoggingStatLogger._log_iteration_details) are step data: ~900-token steps of a 8192 budget rule it out."""
-    line = ("Engine 000: Iteration({}): 2 context requests, 860 context tokens, {} generation requests, {} generation "
-            "tokens, iteration elapsed time: 41.20 ms, GPU KV cache usage: 22.0%")
+    line = (
+        "Engine 000: Iteration({}): 2 context requests, 860 context tokens, {} generation requests, {} generation "
+        "tokens, iteration elapsed time: 41.20 ms, GPU KV cache usage: 22.0%"
+    )
     lines = [v1(0, "non-default args: {'max_num_batched_tokens': 8192}", where="api_utils.py:286")]
     recs = [(40, 520, 0.10, 21000.0), (95, 400, 0.22, 20500.0), (150, 260, 0.34, 21200.0)]
     n = 0
@@ -152,8 +166,18 @@ def lockstep(running):
     """Real vLLM at --max-num-seqs 4, a 2-core CPU, a burst of 300 + 150-token requests (e2e test_max_num_seqs,
     session 7's ciA timeline): waves of 4 start and end together, so 1-s samples of Running drop to 1 or 3 as a
     wave ends and return to 4, 60-100 waiting, KV near 5 %, each wave's prefill counted, ~8 steps of ~12 tokens."""
-    return [{"running": r, "waiting": 100 - 4 * t, "kv": 0.05, "prompt": 400.0 if r < 4 else 100.0, "gen": 8.0 * r,
-             "steps": 8.0, "step_tokens": 12.0} for t, r in enumerate(running)]
+    return [
+        {
+            "running": r,
+            "waiting": 100 - 4 * t,
+            "kv": 0.05,
+            "prompt": 400.0 if r < 4 else 100.0,
+            "gen": 8.0 * r,
+            "steps": 8.0,
+            "step_tokens": 12.0,
+        }
+        for t, r in enumerate(running)
+    ]
 
 
 def test_1_running_back_at_the_maximum_it_held_after_a_lockstep_dip_is_the_ceiling_inferred():
@@ -183,8 +207,13 @@ def one_running(turnover=False, steps=True):
     running request finishes every 2 s and the next is admitted (its 500-token prompt counted): a ceiling of 1."""
     out = []
     for t in range(11):
-        x = {"running": 1, "waiting": (8 - t // 2) if turnover else 3, "kv": 0.020 + 0.0003 * (t % 2 if turnover else t),
-             "prompt": 250.0 if turnover else 0.0, "gen": 40.0}
+        x = {
+            "running": 1,
+            "waiting": (8 - t // 2) if turnover else 3,
+            "kv": 0.020 + 0.0003 * (t % 2 if turnover else t),
+            "prompt": 250.0 if turnover else 0.0,
+            "gen": 40.0,
+        }
         if steps:
             x |= {"steps": 40.0, "step_tokens": 1.0}
         out.append(x)
@@ -208,7 +237,10 @@ def test_2_the_same_with_slots_turning_over_is_a_ceiling_of_one_inferred():
     """Positive evidence: Running holds at 1 while the queue drains into it, one admitted prompt after another."""
     d = diagnose_engine(metrics_history(one_running(turnover=True)))
     assert d.bottleneck == Bottleneck.MAX_NUM_SEQS and d.max_num_seqs == (1, "inferred")
-    assert d.confidence == Confidence.MEDIUM and "ceiling inferred from a Running plateau over 5 samples" in d.confidence_reason
+    assert (
+        d.confidence == Confidence.MEDIUM
+        and "ceiling inferred from a Running plateau over 5 samples" in d.confidence_reason
+    )
 
 
 def test_2_in_kvwatch_logs():
@@ -225,8 +257,18 @@ def test_2_in_kvwatch_logs():
 
 
 def two_holding(kv=0.80):
-    return [{"running": 2, "waiting": 1, "kv": kv + (0.005 if t % 2 else 0.0), "prompt": 0.0, "gen": 60.0,
-             "steps": 30.0, "step_tokens": 2.0} for t in range(11)]
+    return [
+        {
+            "running": 2,
+            "waiting": 1,
+            "kv": kv + (0.005 if t % 2 else 0.0),
+            "prompt": 0.0,
+            "gen": 60.0,
+            "steps": 30.0,
+            "step_tokens": 2.0,
+        }
+        for t in range(11)
+    ]
 
 
 def test_3_two_running_requests_holding_most_of_the_kv_cache_while_a_third_waits_is_kv_cache():
@@ -235,8 +277,10 @@ def test_3_two_running_requests_holding_most_of_the_kv_cache_while_a_third_waits
     d = diagnose_engine(s)
     # before issue 14: max_num_seqs (inferred 2) by elimination
     assert d.bottleneck == Bottleneck.KV_CACHE and d.confidence == Confidence.LOW
-    assert ("KV cache 80% used by 2 running requests = 40% each: the 20% free is less than one running request "
-            "holds, so the next request likely does not fit") in d.evidence
+    assert (
+        "KV cache 80% used by 2 running requests = 40% each: the 20% free is less than one running request "
+        "holds, so the next request likely does not fit"
+    ) in d.evidence
     assert "the next request is assumed as large as a running one" in d.confidence_reason
     assert d.recommendations and d.recommendations[-1].action == "add_replica"
 
@@ -261,8 +305,11 @@ def test_3_in_kvwatch_logs_without_and_with_the_capacity_line():
     d = read(stats).results[-1].diagnosis
     assert d.bottleneck == "kv_cache" and d.confidence == "low"
     assert "KV cache 80% used by 2 running requests = 40% each" in text(d)
-    start = v1(0, "GPU KV cache size: 65,536 tokens, Maximum concurrency for 32,768 tokens per request: 2.00x",
-               where="kv_cache_utils.py:1")
+    start = v1(
+        0,
+        "GPU KV cache size: 65,536 tokens, Maximum concurrency for 32,768 tokens per request: 2.00x",
+        where="kv_cache_utils.py:1",
+    )
     d = read([start, *stats]).results[-1].diagnosis
     assert d.bottleneck == "kv_cache" and "(~26214 of 65536 tokens)" in text(d)
     assert "the prompt lengths and the prompt's share unknown" in d.confidence_reason
@@ -273,9 +320,11 @@ def test_one_request_holding_most_of_the_kv_cache_for_an_hour_is_kv_cache_not_st
     throughput 0, generation 5.4 tokens/s, KV 76.5 % and creeping up, no start-up lines. Tokens flow, so not
     stalled; the one running request holds three quarters of the cache and the free quarter is less than it
     holds: the next request likely does not fit (capacity unknown: low). The advice bounds one sequence."""
-    line = ("(APIServer pid=851) INFO 04-28 22:{:02d}:{:02d} [loggers.py:257] Engine 000: Avg prompt throughput: "
-            "0.0 tokens/s, Avg generation throughput: 5.4 tokens/s, Running: 1 reqs, Waiting: 14 reqs, GPU KV cache "
-            "usage: {:.1f}%, Prefix cache hit rate: 92.0%")
+    line = (
+        "(APIServer pid=851) INFO 04-28 22:{:02d}:{:02d} [loggers.py:257] Engine 000: Avg prompt throughput: "
+        "0.0 tokens/s, Avg generation throughput: 5.4 tokens/s, Running: 1 reqs, Waiting: 14 reqs, GPU KV cache "
+        "usage: {:.1f}%, Prefix cache hit rate: 92.0%"
+    )
     lines = [line.format(*divmod(54 * 60 + 32 + 10 * i, 60), 76.5 + 0.1 * i) for i in range(12)]
     got = read(lines).results
     assert {r.diagnosis.bottleneck for r in got} == {Bottleneck.KV_CACHE}, [r.diagnosis.evidence for r in got]
@@ -300,7 +349,9 @@ def test_1_a_peak_at_the_configured_ceiling_earlier_in_the_window_is_not_the_cei
     # The tour's token_budget phase with hints: Running 32 of 32 before the phase, then 2-3 with 27 waiting for
     # 9 s; near_configured_ceiling named max_num_seqs on the window's old peak.
     samples = [{"running": 32, "waiting": 40, "kv": 0.2, "prompt": 3000.0, "gen": 900.0}] * 3
-    samples += [{"running": r, "waiting": 27, "kv": 0.1, "prompt": 2500.0, "gen": 30.0} for r in (3, 2, 3, 2, 3, 2, 3, 2)]
+    samples += [
+        {"running": r, "waiting": 27, "kv": 0.1, "prompt": 2500.0, "gen": 30.0} for r in (3, 2, 3, 2, 3, 2, 3, 2)
+    ]
     s = metrics_history(samples)
     d = diagnose_engine(s, Hints(max_num_seqs=32))
     assert s.queue.running_max_waiting == 32 and d.bottleneck != Bottleneck.MAX_NUM_SEQS, text(d)
@@ -328,22 +379,30 @@ def test_one_record_at_a_round_running_with_kv_room_names_the_likely_ceiling_at_
 def test_a_queue_at_high_prefill_while_running_climbs_names_the_likely_budget_at_low_confidence():
     """Issue 25's second miss: 206 waiting while prompt throughput sits at ~30k tokens/s and Running climbs (the
     record before had no queue): token_budget, low, the budget not observed; with Running flat, undetermined."""
-    lines = [v1(0, v1_032(0, 28000.0, 1500.0, 50, 0, 0.10, prefix=0.0)),
-             v1(10, v1_032(0, 30500.0, 2400.0, 95, 206, 0.20, prefix=0.0))]
+    lines = [
+        v1(0, v1_032(0, 28000.0, 1500.0, 50, 0, 0.10, prefix=0.0)),
+        v1(10, v1_032(0, 30500.0, 2400.0, 95, 206, 0.20, prefix=0.0)),
+    ]
     d = read(lines).results[-1].diagnosis
     assert (d.bottleneck, d.confidence) == (Bottleneck.TOKEN_BUDGET, Confidence.LOW), text(d)
     assert "Running climbs to 95" in d.evidence[0] and "prefill likely paces admission" in d.evidence[0]
     assert d.max_num_batched_tokens is None  # not observed: not inferred either
-    flat = [v1(0, v1_032(0, 28000.0, 1500.0, 95, 0, 0.10, prefix=0.0)),
-            v1(10, v1_032(0, 30500.0, 2400.0, 95, 206, 0.20, prefix=0.0))]
+    flat = [
+        v1(0, v1_032(0, 28000.0, 1500.0, 95, 0, 0.10, prefix=0.0)),
+        v1(10, v1_032(0, 30500.0, 2400.0, 95, 206, 0.20, prefix=0.0)),
+    ]
     assert read(flat).results[-1].diagnosis.bottleneck == Bottleneck.UNDETERMINED
 
 
 def test_undetermined_is_always_low_confidence_so_no_page_can_fire_on_it():
     """The paging alerts require confidence high or medium (alerts/generate.py --check): undetermined never has it."""
     samples = [one_running(steps=True), one_running(steps=False), climbing({"steps": 30.0, "step_tokens": 700.0})]
-    seen = [diagnose_engine(metrics_history(x[:k]), h) for x in samples for k in range(2, 12)
-            for h in (Hints(), Hints(max_num_batched_tokens=8192))]
+    seen = [
+        diagnose_engine(metrics_history(x[:k]), h)
+        for x in samples
+        for k in range(2, 12)
+        for h in (Hints(), Hints(max_num_batched_tokens=8192))
+    ]
     undetermined = [d for d in seen if d.bottleneck == Bottleneck.UNDETERMINED]
     assert len(undetermined) >= 20
     assert all(d.confidence == Confidence.LOW and not d.confidence.pages for d in undetermined)
@@ -353,14 +412,32 @@ def test_undetermined_is_always_low_confidence_so_no_page_can_fire_on_it():
 # 10 s, written in vLLM 0.32's line format: the threads' own words are not copied, their numbers are.
 PUBLIC_THREADS = {
     # vllm-project/vllm#37307 (a PR's log): 24k prompt tokens/s steady while Running climbs and the queue drains
-    "vllm#37307": ([(23998.2, 18.1, 10, 90, 0.193), (23999.9, 35.4, 16, 84, 0.309), (23999.8, 52.6, 22, 78, 0.425),
-                    (23998.3, 69.6, 28, 72, 0.542), (24000.7, 83.7, 34, 66, 0.654)],
-                   ["undetermined"] + ["token_budget"] * 4),
+    "vllm#37307": (
+        [
+            (23998.2, 18.1, 10, 90, 0.193),
+            (23999.9, 35.4, 16, 84, 0.309),
+            (23999.8, 52.6, 22, 78, 0.425),
+            (23998.3, 69.6, 28, 72, 0.542),
+            (24000.7, 83.7, 34, 66, 0.654),
+        ],
+        ["undetermined"] + ["token_budget"] * 4,
+    ),
     # vllm-project/vllm#43295: 18-21 running, 23-43 waiting, KV 88-98 %
-    "vllm#43295": ([(0.0, 1055.3, 18, 43, 0.959), (0.0, 1226.3, 18, 42, 0.955), (12068.8, 734.9, 18, 33, 0.877),
-                    (18032.5, 589.8, 21, 23, 0.959), (0.0, 1242.7, 20, 23, 0.984)], ["kv_cache"] * 5),
+    "vllm#43295": (
+        [
+            (0.0, 1055.3, 18, 43, 0.959),
+            (0.0, 1226.3, 18, 42, 0.955),
+            (12068.8, 734.9, 18, 33, 0.877),
+            (18032.5, 589.8, 21, 23, 0.959),
+            (0.0, 1242.7, 20, 23, 0.984),
+        ],
+        ["kv_cache"] * 5,
+    ),
     # intel/llm-scaler#391: one running request holding 76 % of the KV cache, 14 waiting, for an hour
-    "llm-scaler#391": ([(0.0, 5.4, 1, 14, 0.765), (0.0, 5.4, 1, 14, 0.767), (0.0, 5.5, 1, 14, 0.768)], ["kv_cache"] * 3),
+    "llm-scaler#391": (
+        [(0.0, 5.4, 1, 14, 0.765), (0.0, 5.4, 1, 14, 0.767), (0.0, 5.5, 1, 14, 0.768)],
+        ["kv_cache"] * 3,
+    ),
     # vllm-project/vllm#11517: 1 running, 3 pending, KV 3 % (a LoRA server; the log cannot show the slots)
     "vllm#11517": ([(0.0, 45.7, 1, 3, 0.031)] * 3, ["undetermined"] * 3),
     # vllm-project/vllm#2731: 35 running, 115 pending, KV 99 %
@@ -378,4 +455,6 @@ def test_public_threads_never_read_none_while_requests_wait(thread):
     assert [d.bottleneck for d in got] == expected, [d.evidence for d in got]
     for d in got:
         if d.bottleneck == Bottleneck.UNDETERMINED:
-            assert d.confidence == Confidence.LOW and ("kvwatch could not see" in text(d) or "until kvwatch can tell" in text(d))
+            assert d.confidence == Confidence.LOW and (
+                "kvwatch could not see" in text(d) or "until kvwatch can tell" in text(d)
+            )

@@ -144,7 +144,9 @@ def test_multi_stage_and_the_runtime_stage_copies_only_the_venv():
     copies = FINAL.all("COPY")
     assert copies, "the runtime stage copies the venv from the build stage"
     for ins in copies:
-        assert ins.args.startswith(f"--from={BUILD.name} "), f"line {ins.line}: runtime stage copies from the build context"
+        assert ins.args.startswith(f"--from={BUILD.name} "), (
+            f"line {ins.line}: runtime stage copies from the build context"
+        )
     venv = BUILD.env()["VENV"]
     assert [c.args.split()[1:] for c in copies] == [[venv, venv]], "the venv keeps its path (its scripts hard-code it)"
 
@@ -183,7 +185,8 @@ def pins() -> dict[str, str]:
 def test_dependencies_install_at_the_versions_constraints_txt_pins():
     (install,) = [i for i in BUILD.all("RUN") if " install " in i.args]
     assert re.search(rf"(?:--constraint|-c)[ =]{CONSTRAINTS.name}(?:\s|$)", install.args), (
-        f"line {install.line}: the pip install does not pass --constraint {CONSTRAINTS.name}")
+        f"line {install.line}: the pip install does not pass --constraint {CONSTRAINTS.name}"
+    )
     copied = [src for srcs, _ in _copy_sources(BUILD) for src in srcs]
     assert CONSTRAINTS.name in copied and in_build_context(CONSTRAINTS.name), "COPY constraints.txt into WORKDIR"
     pinned = pins()
@@ -191,7 +194,9 @@ def test_dependencies_install_at_the_versions_constraints_txt_pins():
         req = Requirement(dependency)
         name = canonicalize_name(req.name)
         assert name in pinned, f"{req.name} (pyproject.toml) is not pinned in constraints.txt"
-        assert req.specifier.contains(pinned[name]), f"constraints.txt pins {req.name} {pinned[name]}, not {req.specifier}"
+        assert req.specifier.contains(pinned[name]), (
+            f"constraints.txt pins {req.name} {pinned[name]}, not {req.specifier}"
+        )
 
 
 def test_the_pin_check_refuses_a_loose_line(tmp_path, monkeypatch):
@@ -349,22 +354,28 @@ def _world_usable(path: Path) -> bool:
 def _system_python(minor: tuple[int, int]) -> str:
     """A Python of the base image's minor version, with pip, that a non-root uid can run (the image's
     interpreter is /usr/local/bin/python; here: whichever system one fits)."""
-    candidates = [f"/usr/local/bin/python{minor[0]}.{minor[1]}", f"/usr/bin/python{minor[0]}.{minor[1]}",
-                  getattr(sys, "_base_executable", sys.executable)]
+    candidates = [
+        f"/usr/local/bin/python{minor[0]}.{minor[1]}",
+        f"/usr/bin/python{minor[0]}.{minor[1]}",
+        getattr(sys, "_base_executable", sys.executable),
+    ]
     tried = []
     for c in candidates:
         p = Path(c)
         if not p.exists() or not _world_usable(p):
             tried.append(f"{c}: missing or not executable by others")
             continue
-        probe = subprocess.run([c, "-c", "import sys, pip, venv; print(*sys.version_info[:2])"],
-                               capture_output=True, text=True)
+        probe = subprocess.run(
+            [c, "-c", "import sys, pip, venv; print(*sys.version_info[:2])"], capture_output=True, text=True
+        )
         if probe.returncode != 0 or tuple(map(int, probe.stdout.split())) != minor:
             tried.append(f"{c}: {probe.stdout.strip() or probe.stderr.strip()[-200:]}")
             continue
         return str(p.resolve())
-    pytest.fail(f"no Python {minor[0]}.{minor[1]} with pip that uid 65532 can run; tried: {tried} "
-                f"(Debian: apt-get install python3 python3-pip python3-venv)")
+    pytest.fail(
+        f"no Python {minor[0]}.{minor[1]} with pip that uid 65532 can run; tried: {tried} "
+        f"(Debian: apt-get install python3 python3-pip python3-venv)"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -406,8 +417,9 @@ def built(tmp_path_factory):
             "WHEELHOUSE": str(root / "wheelhouse"),
         }
         for ins in BUILD.all("RUN"):
-            proc = subprocess.run(["/bin/sh", "-c", ins.args], cwd=src, env=env, capture_output=True, text=True,
-                                  timeout=900)
+            proc = subprocess.run(
+                ["/bin/sh", "-c", ins.args], cwd=src, env=env, capture_output=True, text=True, timeout=900
+            )
             assert proc.returncode == 0, (
                 f"Dockerfile line {ins.line} failed ({proc.returncode}):\n{ins.args}\n"
                 f"--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-3000:]}"
@@ -440,9 +452,15 @@ def test_the_image_holds_exactly_the_pinned_versions(built):
     and every pin is installed (a stale pin would name a package nothing needs any more)."""
     _, venv = built
     listing = subprocess.run(
-        [venv / "bin" / "python", "-c",
-         "import importlib.metadata as m; print(*(f'{d.metadata[\"Name\"]}=={d.version}' for d in m.distributions()))"],
-        capture_output=True, text=True, check=True).stdout.split()
+        [
+            venv / "bin" / "python",
+            "-c",
+            "import importlib.metadata as m; print(*(f'{d.metadata[\"Name\"]}=={d.version}' for d in m.distributions()))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     installed = {canonicalize_name(n): v for n, _, v in (x.partition("==") for x in listing)}
     assert installed.pop("kvwatch") == PYPROJECT["project"]["version"]
     assert installed == pins()
@@ -497,7 +515,9 @@ exec setpriv --reuid {uid} --regid {gid} --clear-groups --no-new-privs --inh-cap
     with log.open("wb") as out:  # kvwatch's output only (no command line: the checks below read it all)
         proc = Process(
             ["unshare", "--mount", "--propagation", "private", "--pid", "--fork", "--", "/bin/sh", "-c", script],
-            env=env, stdout=out, stderr=subprocess.STDOUT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
         ).start()
     try:
         client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=5, trust_env=False)
@@ -510,7 +530,7 @@ exec setpriv --reuid {uid} --regid {gid} --clear-groups --no-new-privs --inh-cap
         assert client.get("/").status_code == 200 and client.get("/static/page.js").status_code == 200
         metrics = client.get("/metrics")
         assert metrics.status_code == 200
-        assert re.search(r'^kvwatch_up\{[^}]*\} 0(\.0)?$', metrics.text, re.M), "target down: kvwatch_up 0"
+        assert re.search(r"^kvwatch_up\{[^}]*\} 0(\.0)?$", metrics.text, re.M), "target down: kvwatch_up 0"
 
         # It runs as PID 1 of its namespace, as the container's entrypoint does: SIGTERM must stop it.
         pid1 = _child_pid(proc.pid)

@@ -7,20 +7,50 @@ import math
 
 from tests.e2e.harness import MODEL_NAME, Sample, Snapshot
 from tests.e2e.scenario import (
-    KVWATCH_TIMEOUT, MAX_FAILED_SCRAPE_SHARE, Row, Scrape, after_timeout, detection_in_scrapes, detection_latency,
-    evaluated_since, failed_scrapes, kvwatch_scrapes, kvwatch_window, make_rows, saturated_rows, vllm_rose_within,
-    vllm_step_tokens_bounds, vllm_step_tokens_over,
+    KVWATCH_TIMEOUT,
+    MAX_FAILED_SCRAPE_SHARE,
+    Row,
+    Scrape,
+    after_timeout,
+    detection_in_scrapes,
+    detection_latency,
+    evaluated_since,
+    failed_scrapes,
+    kvwatch_scrapes,
+    kvwatch_window,
+    make_rows,
+    saturated_rows,
+    vllm_rose_within,
+    vllm_step_tokens_bounds,
+    vllm_step_tokens_over,
 )
 
 
 def row(t, waiting=0.0, kv=0.0, preemptions=0.0, up=1.0, bottleneck="none", timeouts=0.0) -> Row:
-    return Row(t=t, up=up, bottleneck=bottleneck, target_bottleneck=bottleneck, running=4.0, waiting=waiting,
-               kv=kv, preemptions=preemptions, kw={"timeouts": timeouts})
+    return Row(
+        t=t,
+        up=up,
+        bottleneck=bottleneck,
+        target_bottleneck=bottleneck,
+        running=4.0,
+        waiting=waiting,
+        kv=kv,
+        preemptions=preemptions,
+        kw={"timeouts": timeouts},
+    )
 
 
 def test_saturated_rows_need_a_queue_kvwatch_up_and_the_warmup_of_their_own_round():
-    rows = [row(-1), row(2, waiting=5), row(6, waiting=5), row(7, waiting=5, up=0.0), row(9, waiting=None),
-            row(12), row(13, waiting=4), row(18, waiting=4)]
+    rows = [
+        row(-1),
+        row(2, waiting=5),
+        row(6, waiting=5),
+        row(7, waiting=5, up=0.0),
+        row(9, waiting=None),
+        row(12),
+        row(13, waiting=4),
+        row(18, waiting=4),
+    ]
     assert [r.t for r in saturated_rows(rows, [0.0], 5.0)] == [6, 13, 18]
     # a second round from t=12: its first 5 s are warm-up again
     assert [r.t for r in saturated_rows(rows, [0.0, 12.0], 5.0)] == [6, 18]
@@ -85,8 +115,11 @@ def test_after_timeout_lets_off_only_samples_after_a_counted_timeout():
 
 def test_detection_latency_is_judged_only_when_vllm_was_still_kv_bound_two_intervals_after_the_onset():
     base = [row(-1, preemptions=2)]
-    seen = base + [row(0.5, waiting=40, kv=0.95, preemptions=2), row(1.0, waiting=40, kv=0.97, bottleneck="kv_cache"),
-                   row(3.0, waiting=30, kv=0.5, preemptions=5, bottleneck="kv_cache")]
+    seen = base + [
+        row(0.5, waiting=40, kv=0.95, preemptions=2),
+        row(1.0, waiting=40, kv=0.97, bottleneck="kv_cache"),
+        row(3.0, waiting=30, kv=0.5, preemptions=5, bottleneck="kv_cache"),
+    ]
     d = detection_latency(seen)
     assert (d["onset_s"], d["detected_s"], d["latency_s"], d["read_gap_s"], d["judged"]) == (0.5, 1.0, 0.5, 0.5, True)
 
@@ -106,14 +139,30 @@ def test_detection_latency_is_judged_only_when_vllm_was_still_kv_bound_two_inter
 def test_make_rows_takes_the_window_from_the_diagnosis_and_the_read_times_from_the_observer():
     target = "http://127.0.0.1:1/metrics"
     eng = f'engine="0",model_name="{MODEL_NAME}"'
-    kv = (f'kvwatch_up{{target="{target}"}} 1.0\n'
-          f'kvwatch_engine_step_tokens{{{eng},target="{target}"}} 261.2857142857143\n')
-    vllm = (f"vllm:iteration_tokens_total_count{{{eng}}} 84.0\nvllm:iteration_tokens_total_sum{{{eng}}} 21948.0\n"
-            f"vllm:num_requests_waiting{{{eng}}} 107.0\n")
-    diagnosis = {"engines": [{"model_name": MODEL_NAME, "engine": "0",
-                              "signals": {"t": 1033.9, "span_seconds": 9.0, "engine_step_tokens": 261.2857}}]}
-    s = Sample(1034.2, Snapshot(1034.2, kv), Snapshot(1034.2, vllm), diagnosis,
-               {"kvwatch": 0.004, "diagnosis": 0.02, "vllm": 0.04})
+    kv = (
+        f'kvwatch_up{{target="{target}"}} 1.0\n'
+        f'kvwatch_engine_step_tokens{{{eng},target="{target}"}} 261.2857142857143\n'
+    )
+    vllm = (
+        f"vllm:iteration_tokens_total_count{{{eng}}} 84.0\nvllm:iteration_tokens_total_sum{{{eng}}} 21948.0\n"
+        f"vllm:num_requests_waiting{{{eng}}} 107.0\n"
+    )
+    diagnosis = {
+        "engines": [
+            {
+                "model_name": MODEL_NAME,
+                "engine": "0",
+                "signals": {"t": 1033.9, "span_seconds": 9.0, "engine_step_tokens": 261.2857},
+            }
+        ]
+    }
+    s = Sample(
+        1034.2,
+        Snapshot(1034.2, kv),
+        Snapshot(1034.2, vllm),
+        diagnosis,
+        {"kvwatch": 0.004, "diagnosis": 0.02, "vllm": 0.04},
+    )
     (r,) = make_rows([s], target, 1000.0)
     assert r.window == (24.9, 33.9) and r.read == (34.22, 34.24)
     assert (r.steps, r.step_tokens, r.waiting) == (84.0, 21948.0, 107.0)
@@ -122,7 +171,7 @@ def test_make_rows_takes_the_window_from_the_diagnosis_and_the_read_times_from_t
 
 def test_evaluated_since_goes_by_kvwatchs_clock_from_the_diagnosis_read_before():
     rows = [row(t) for t in (9.0, 10.0, 14.0, 15.0)]
-    for r, ev in zip(rows, (8.5, 9.6, 9.6, 14.7)):  # kvwatch stalled: no evaluation from 9.6 s to 14.7 s
+    for r, ev in zip(rows, (8.5, 9.6, 9.6, 14.7), strict=False):  # kvwatch stalled: no evaluation from 9.6 s to 14.7 s
         r.evaluated = ev
     # the read at 14 s came 4 s after 10 s, yet kvwatch had not evaluated since 9.6 s
     assert [evaluated_since(rows, r, 9.5) for r in rows] == [False, False, True, True]
@@ -207,13 +256,25 @@ def test_a_queue_that_drains_before_kvwatchs_allowed_scrapes_is_not_judged():
 
 def test_kvwatch_scrapes_reads_the_targets_series_of_its_history():
     target = "http://127.0.0.1:1/metrics"
-    history = {"targets": [
-        {"target": "http://other/metrics", "series": {"t": [1001.0], "up": [1.0], "bottleneck": ["none"]}},
-        {"target": target, "series": {"t": [1000.5, 1001.5, 1002.5], "up": [1.0, 0.0, 1.0],
-                                      "bottleneck": ["none", "unreachable", "kv_cache"]}, "engines": []},
-    ]}
+    history = {
+        "targets": [
+            {"target": "http://other/metrics", "series": {"t": [1001.0], "up": [1.0], "bottleneck": ["none"]}},
+            {
+                "target": target,
+                "series": {
+                    "t": [1000.5, 1001.5, 1002.5],
+                    "up": [1.0, 0.0, 1.0],
+                    "bottleneck": ["none", "unreachable", "kv_cache"],
+                },
+                "engines": [],
+            },
+        ]
+    }
     assert kvwatch_scrapes(history, target, 1000.0) == [
-        Scrape(0.5, True, "none"), Scrape(1.5, False, "unreachable"), Scrape(2.5, True, "kv_cache")]
+        Scrape(0.5, True, "none"),
+        Scrape(1.5, False, "unreachable"),
+        Scrape(2.5, True, "kv_cache"),
+    ]
     assert kvwatch_scrapes(history, "http://absent/metrics", 1000.0) == []
 
 

@@ -152,7 +152,7 @@ async def test_down_then_stale_series_are_withdrawn_then_recover(monitor, upstre
     m, clock = monitor
     await good_scrapes(m, clock, 4)
     await upstream.stop()  # connection refused from now on
-    for i in range(8):
+    for _ in range(8):
         await good_scrapes(m, clock, 1)
         metrics = render(m)
         assert value(metrics, "kvwatch_up") == 0.0
@@ -177,7 +177,11 @@ async def test_counter_reset_on_vllm_restart_gives_no_negative_rate(monitor, ups
     for i in range(11):
         await good_scrapes(m, clock, 1)
         metrics = render(m)
-        for name in ("kvwatch_prompt_tokens_per_second", "kvwatch_generation_tokens_per_second", "kvwatch_preemptions_per_second"):
+        for name in (
+            "kvwatch_prompt_tokens_per_second",
+            "kvwatch_generation_tokens_per_second",
+            "kvwatch_preemptions_per_second",
+        ):
             v = value(metrics, name, **ENGINE)
             # a rate needs two samples: from the second good scrape on, through the reset, there is one, never < 0
             assert (v is not None or i == 0) and (v is None or v >= 0), (name, i, v)
@@ -332,7 +336,9 @@ async def test_1mb_label_values_are_shortened_stably(monitor, upstream):
     labels = {dict(k[1])["model_name"] for k in second if k[0] == "kvwatch_requests_running"}
     assert len(labels) == 3 and "tiny-llama-dummy" in labels  # the capture's engine and the two long ones
     long = labels - {"tiny-llama-dummy"}
-    assert all(len(v) == MAX_LABEL_CHARS and v.startswith("mmmm") and re.search(r"\.\.\.[0-9a-f]{16}$", v) for v in long)
+    assert all(
+        len(v) == MAX_LABEL_CHARS and v.startswith("mmmm") and re.search(r"\.\.\.[0-9a-f]{16}$", v) for v in long
+    )
     assert {dict(k[1])["model_name"] for k in first if k[0] == "kvwatch_requests_running"} == labels  # stable
     assert all(len(dict(k[1]).get("engine", "")) <= MAX_LABEL_CHARS for k in second)
     assert max(len(str(m.diagnosis_json())), 0) < 100_000  # the JSON API carries the short form too

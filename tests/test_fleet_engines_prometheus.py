@@ -53,7 +53,7 @@ def sglang_recording(folder: Path, seconds: int = 30) -> list[tuple[float, Path]
     folder.mkdir()
     t0 = 1_800_000_000.0
     for i in range(seconds):
-        moved = COUNTER.sub(lambda m: f"{m[1]} {float(m[2]) * (1 + i / 100):.1f}", body)
+        moved = COUNTER.sub(lambda m, i=i: f"{m[1]} {float(m[2]) * (1 + i / 100):.1f}", body)
         (folder / f"{t0 + i:.3f}.prom").write_text(moved)
     return recording(folder)
 
@@ -64,8 +64,12 @@ def fleet_queries() -> list[tuple[str, str, str]]:
 
 
 def has_data_for(prom: Prometheus, expr: str, pod: str, start: float) -> bool:
-    values = {"namespace": NAMESPACE, "pod": grafana_regex_escape(pod), "model_name": ".*",
-              "__rate_interval": RATE_INTERVAL}
+    values = {
+        "namespace": NAMESPACE,
+        "pod": grafana_regex_escape(pod),
+        "model_name": ".*",
+        "__rate_interval": RATE_INTERVAL,
+    }
     return has_data(prom.query_range(common.substitute(expr, values), start, time.time(), STEP))
 
 
@@ -76,10 +80,24 @@ def test_fleet_rules_and_dashboard_for_sglang_and_llamacpp_pods(tmp_path):
         config = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "900ms"},
             "scrape_configs": [
-                {"job_name": "llamacpp", "static_configs": [{"targets": [f"127.0.0.1:{fake_llama.port}"],
-                                                             "labels": {"namespace": NAMESPACE, "pod": LLAMA_POD}}]},
-                {"job_name": "sglang", "static_configs": [{"targets": [f"127.0.0.1:{fake_sglang.port}"],
-                                                           "labels": {"namespace": NAMESPACE, "pod": SGLANG_POD}}]},
+                {
+                    "job_name": "llamacpp",
+                    "static_configs": [
+                        {
+                            "targets": [f"127.0.0.1:{fake_llama.port}"],
+                            "labels": {"namespace": NAMESPACE, "pod": LLAMA_POD},
+                        }
+                    ],
+                },
+                {
+                    "job_name": "sglang",
+                    "static_configs": [
+                        {
+                            "targets": [f"127.0.0.1:{fake_sglang.port}"],
+                            "labels": {"namespace": NAMESPACE, "pod": SGLANG_POD},
+                        }
+                    ],
+                },
             ],
         }
         with Prometheus(config, tmp_path / "prom", rule_files=recording_rule_files()) as prom:

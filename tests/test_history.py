@@ -104,7 +104,9 @@ def test_seconds_parsing(raw, expected):
     assert parse_seconds(raw, 900.0) == expected
 
 
-@pytest.mark.parametrize("raw", ["", "abc", "nan", "inf", "-inf", "-1", "0", "1e309", "5s", "0x10", "1,5", "x" * 10_000])
+@pytest.mark.parametrize(
+    "raw", ["", "abc", "nan", "inf", "-inf", "-1", "0", "1e309", "5s", "0x10", "1,5", "x" * 10_000]
+)
 def test_bad_seconds_is_a_clear_error(raw):
     with pytest.raises(ValueError, match="seconds must be"):
         parse_seconds(raw, 900.0)
@@ -144,10 +146,22 @@ async def test_history_endpoint_json_shape(client):
     r = await client.get("/api/v1/history")
     assert r.status == 200 and r.content_type == "application/json"
     doc = await r.json()
-    assert set(doc) == {"now", "seconds", "history_seconds", "interval", "engine_fields", "target_fields", "bytes", "targets"}
+    assert set(doc) == {
+        "now",
+        "seconds",
+        "history_seconds",
+        "interval",
+        "engine_fields",
+        "target_fields",
+        "bytes",
+        "targets",
+    }
     assert doc["seconds"] == doc["history_seconds"] == 600  # the default: all that is kept
     assert doc["engine_fields"] == list(ENGINE_FIELDS) and doc["target_fields"] == list(TARGET_FIELDS)
-    assert [t["target"] for t in doc["targets"]] == ["http://127.0.0.1:1/metrics", "http://<secret>@127.0.0.1:2/metrics"]
+    assert [t["target"] for t in doc["targets"]] == [
+        "http://127.0.0.1:1/metrics",
+        "http://<secret>@127.0.0.1:2/metrics",
+    ]
     assert doc["bytes"] == 2 * 601 * 8 * len(TARGET_FIELDS) + 601 * 8 * len(ENGINE_FIELDS)
     first, second = doc["targets"]
     assert len(first["engines"]) == 1 and second["engines"] == [] and second["series"]["t"] == []
@@ -164,8 +178,20 @@ async def test_history_endpoint_seconds_selects_the_last_n_seconds(client):
     assert big["seconds"] == 600  # cut to what is kept, and said
 
 
-@pytest.mark.parametrize("query", ["seconds=", "seconds=abc", "seconds=-3", "seconds=0", "seconds=nan", "seconds=inf",
-                                   "seconds=1e999", "seconds=%00", "seconds=" + "9" * 5000])
+@pytest.mark.parametrize(
+    "query",
+    [
+        "seconds=",
+        "seconds=abc",
+        "seconds=-3",
+        "seconds=0",
+        "seconds=nan",
+        "seconds=inf",
+        "seconds=1e999",
+        "seconds=%00",
+        "seconds=" + "9" * 5000,
+    ],
+)
 async def test_history_endpoint_bad_seconds_is_400_with_a_json_error(client, query):
     r = await client.get("/api/v1/history?" + query)
     assert r.status == 400 and r.content_type == "application/json"
@@ -177,7 +203,9 @@ async def test_history_endpoint_bad_seconds_is_400_with_a_json_error(client, que
 async def test_history_endpoint_target_selects_one_target(client):
     doc = await (await client.get("/api/v1/history", params={"target": "http://<secret>@127.0.0.1:2/metrics"})).json()
     assert [t["target"] for t in doc["targets"]] == ["http://<secret>@127.0.0.1:2/metrics"]
-    doc = await (await client.get("/api/v1/history", params={"target": "http://127.0.0.1:1/metrics", "seconds": "3"})).json()
+    doc = await (
+        await client.get("/api/v1/history", params={"target": "http://127.0.0.1:1/metrics", "seconds": "3"})
+    ).json()
     assert [t["target"] for t in doc["targets"]] == ["http://127.0.0.1:1/metrics"] and doc["seconds"] == 3
     for label in ("http://u:pw@127.0.0.1:2/metrics", "nope", ""):  # only the redacted label names a target
         r = await client.get("/api/v1/history", params={"target": label})

@@ -30,8 +30,15 @@ pytestmark = pytest.mark.slow
 
 PARALLEL = 2
 # Not a limit a correct kvwatch may name for a llama.cpp server in any scrape of these runs.
-NEVER = {Bottleneck.KV_CACHE, Bottleneck.TOKEN_BUDGET, Bottleneck.MAX_LORAS, Bottleneck.KV_TRANSFER, Bottleneck.ASLEEP,
-         Bottleneck.STALLED, Bottleneck.UNREACHABLE}
+NEVER = {
+    Bottleneck.KV_CACHE,
+    Bottleneck.TOKEN_BUDGET,
+    Bottleneck.MAX_LORAS,
+    Bottleneck.KV_TRANSFER,
+    Bottleneck.ASLEEP,
+    Bottleneck.STALLED,
+    Bottleneck.UNREACHABLE,
+}
 DEADLINE = 240.0  # seconds of load at most before a test gives up waiting for kvwatch's scrapes
 
 
@@ -44,8 +51,24 @@ class Kvwatch:
     def __init__(self, target: str, log: Path):
         self.url = f"http://{HOST}:{free_port()}"
         # 2-s scrapes with a 1.8-s timeout: a busy llama.cpp answers /metrics late, and a late answer is still one.
-        argv = [sys.executable, "-m", "kvwatch", "run", "--target", target, "--listen", self.url.removeprefix("http://"),
-                "--interval", "2", "--timeout", "1.8", "--window", "20", "--stale-after", "10"]
+        argv = [
+            sys.executable,
+            "-m",
+            "kvwatch",
+            "run",
+            "--target",
+            target,
+            "--listen",
+            self.url.removeprefix("http://"),
+            "--interval",
+            "2",
+            "--timeout",
+            "1.8",
+            "--window",
+            "20",
+            "--stale-after",
+            "10",
+        ]
         self.proc = Process(argv, log, name="kvwatch")
 
     def __enter__(self) -> Kvwatch:
@@ -94,8 +117,10 @@ def load_until(server, enough: Callable[[], bool], *, concurrency: int, prompt: 
 
 
 def test_more_requests_than_slots_name_the_slot_ceiling(model: Path, tmp_path: Path) -> None:
-    with llamacpp_server(model, tmp_path / "llama.log", parallel=PARALLEL, ctx_size=1024) as server, \
-            Kvwatch(server.url + "/metrics", tmp_path / "kvwatch.log") as kv:
+    with (
+        llamacpp_server(model, tmp_path / "llama.log", parallel=PARALLEL, ctx_size=1024) as server,
+        Kvwatch(server.url + "/metrics", tmp_path / "kvwatch.log") as kv,
+    ):
         start = len(kv.scrapes())
 
         def deferred() -> list[dict]:
@@ -116,8 +141,10 @@ def test_more_requests_than_slots_name_the_slot_ceiling(model: Path, tmp_path: P
 
 
 def test_one_request_at_a_time_names_no_limit(model: Path, tmp_path: Path) -> None:
-    with llamacpp_server(model, tmp_path / "llama.log", parallel=PARALLEL, ctx_size=1024) as server, \
-            Kvwatch(server.url + "/metrics", tmp_path / "kvwatch.log") as kv:
+    with (
+        llamacpp_server(model, tmp_path / "llama.log", parallel=PARALLEL, ctx_size=1024) as server,
+        Kvwatch(server.url + "/metrics", tmp_path / "kvwatch.log") as kv,
+    ):
         start = len(kv.scrapes())
 
         def serving() -> list[dict]:
@@ -133,12 +160,16 @@ def test_one_request_at_a_time_names_no_limit(model: Path, tmp_path: Path) -> No
 def test_a_context_too_small_is_never_called_a_healthy_kv_cache(model: Path, tmp_path: Path) -> None:
     """The server cuts generations short at a slot's 256 tokens, and its /metrics shows no trace of it: kvwatch must
     say it did not judge the KV cache, never imply it is fine."""
-    with llamacpp_server(model, tmp_path / "llama.log", parallel=PARALLEL, ctx_size=512) as server, \
-            Kvwatch(server.url + "/metrics", tmp_path / "kvwatch.log") as kv:
+    with (
+        llamacpp_server(model, tmp_path / "llama.log", parallel=PARALLEL, ctx_size=512) as server,
+        Kvwatch(server.url + "/metrics", tmp_path / "kvwatch.log") as kv,
+    ):
         seen: list[dict] = []
 
         def enough() -> bool:
-            seen.extend(e for e in kv.get("/api/v1/diagnosis").json()["engines"] if e["signals"].get("requests_running"))
+            seen.extend(
+                e for e in kv.get("/api/v1/diagnosis").json()["engines"] if e["signals"].get("requests_running")
+            )
             return len(seen) >= 3
 
         statuses = load_until(server, enough, concurrency=2, prompt=200, n_predict=200)

@@ -63,8 +63,11 @@ def test_more_requests_than_slots_are_deferred_while_every_slot_is_busy(model: P
 
         def load() -> None:
             with ThreadPoolExecutor(n_requests) as pool:
-                statuses = list(pool.map(lambda i: server.complete(prompt_of_tokens(64, i), N_PREDICT).status_code,
-                                         range(n_requests)))
+                statuses = list(
+                    pool.map(
+                        lambda i: server.complete(prompt_of_tokens(64, i), N_PREDICT).status_code, range(n_requests)
+                    )
+                )
             assert statuses == [200] * n_requests
 
         seen = scrape_during(server, load)

@@ -46,16 +46,36 @@ V1_08 = (
 # vllm/v1/metrics/loggers.py LoggingStatLogger._log_iteration_details (0.33, commit 00ec631b), with
 # --enable-logging-iteration-details: prefix, index, context requests/tokens, generation requests/tokens, elapsed
 # ms, " (dummy)" or "", the KV device, KV usage, and the encoder suffix or "".
-ITERATION = ("%sIteration(%d): %d context requests, %d context tokens, %d generation requests, %d generation tokens, "
-             "iteration elapsed time: %.2f ms%s, %s KV cache usage: %.1f%%%s")
+ITERATION = (
+    "%sIteration(%d): %d context requests, %d context tokens, %d generation requests, %d generation tokens, "
+    "iteration elapsed time: %.2f ms%s, %s KV cache usage: %.1f%%%s"
+)
 ENCODER = ", encoder inputs: %d, encoder output embeddings: %d"
 
 
-def v1_032(engine, prompt, gen, running, waiting, kv, *, deferred=0, kv_fetch=None, preemptions=0, device="GPU",
-           prefix=None, external=None, mm=None):
+def v1_032(
+    engine,
+    prompt,
+    gen,
+    running,
+    waiting,
+    kv,
+    *,
+    deferred=0,
+    kv_fetch=None,
+    preemptions=0,
+    device="GPU",
+    prefix=None,
+    external=None,
+    mm=None,
+):
     """vllm/v1/metrics/loggers.py LoggingStatLogger.log in 0.32: optional parts in their order."""
-    parts = ["Avg prompt throughput: %.1f tokens/s", "Avg generation throughput: %.1f tokens/s", "Running: %d reqs",
-             "Waiting: %d reqs"]
+    parts = [
+        "Avg prompt throughput: %.1f tokens/s",
+        "Avg generation throughput: %.1f tokens/s",
+        "Running: %d reqs",
+        "Waiting: %d reqs",
+    ]
     args = [prompt, gen, running, waiting + deferred]
     if deferred > 0:
         parts.append("Deferred: %d reqs")
@@ -77,7 +97,7 @@ def v1_032(engine, prompt, gen, running, waiting, kv, *, deferred=0, kv_fetch=No
     if mm is not None:
         parts.append("MM cache hit rate: %.1f%%")
         args.append(mm * 100)
-    return ("Engine {:03d}: ".format(engine) + ", ".join(parts)) % tuple(args)
+    return (f"Engine {engine:03d}: " + ", ".join(parts)) % tuple(args)
 
 
 def v1(t, msg, proc="APIServer pid=1", where="loggers.py:335"):
@@ -134,13 +154,31 @@ def test_v0_metrics_format_with_period_and_its_prefix_cache_line():
 
 def test_v0_preemptions_come_from_the_warnings_counter_not_their_number():
     stats = lambda t, w: v0(t, V0_METRICS % (100.0, 900.0, 40, 0, w, 99.0, 0.0))  # noqa: E731
-    warn = lambda t, n, mode="RECOMPUTE": v0(t, V0_PREEMPT % ("cmpl-1", f"PreemptionMode.{mode}", n),  # noqa: E731
-                                              "scheduler.py:1481", "WARNING")
-    lines = [stats(0, 5), warn(2, 1), stats(5, 9), stats(10, 12), warn(13, 51), warn(14, 101), stats(15, 20),
-             warn(17, 151, "SWAP"), stats(20, 25)]
+
+    def warn(t, n, mode="RECOMPUTE"):
+        return v0(
+            t,
+            V0_PREEMPT % ("cmpl-1", f"PreemptionMode.{mode}", n),  # noqa: E731
+            "scheduler.py:1481",
+            "WARNING",
+        )
+
+    lines = [
+        stats(0, 5),
+        warn(2, 1),
+        stats(5, 9),
+        stats(10, 12),
+        warn(13, 51),
+        warn(14, 101),
+        stats(15, 20),
+        warn(17, 151, "SWAP"),
+        stats(20, 25),
+    ]
     s = read(lines)
     assert [r.preemptions for r in s.results] == [None, 1, None, 100, 50]
-    assert s.results[3].diagnosis.signals.throughput.preemptions_per_second == pytest.approx(20.0)  # 100 in a 5 s interval
+    assert s.results[3].diagnosis.signals.throughput.preemptions_per_second == pytest.approx(
+        20.0
+    )  # 100 in a 5 s interval
     notes = " ".join(s.results[3].notes)
     assert "total_num_cumulative_preemption=101 (line 6)" in notes
     assert "no preemption warning in this interval" in " ".join(s.results[2].notes)
@@ -152,7 +190,9 @@ def test_v0_preemptions_come_from_the_warnings_counter_not_their_number():
 
 
 def test_v1_07_line_without_kv_field():
-    s = read([v0(0, V1_07 % (100.0, 50.0, 3, 0), "loggers.py:78"), v0(5, V1_07 % (800.0, 120.5, 8, 2), "loggers.py:78")])
+    s = read(
+        [v0(0, V1_07 % (100.0, 50.0, 3, 0), "loggers.py:78"), v0(5, V1_07 % (800.0, 120.5, 8, 2), "loggers.py:78")]
+    )
     a, b = (r.record for r in s.results)
     assert (a.fmt, a.engine, a.kv_cache_usage_ratio, b.requests_waiting) == ("v1", "000", None, 2)
     assert b.requests_swapped is None
@@ -161,13 +201,30 @@ def test_v1_07_line_without_kv_field():
 def test_v1_08_line():
     s = read([v1(0, V1_08 % (0, 3012.4, 212.9, 48, 12, 21.4, 8.2))])
     rec = s.results[0].record
-    assert (rec.engine, rec.kv_device, rec.kv_cache_usage_ratio, rec.prefix_cache_hit_ratio) == ("000", "GPU", 0.214, 0.082)
+    assert (rec.engine, rec.kv_device, rec.kv_cache_usage_ratio, rec.prefix_cache_hit_ratio) == (
+        "000",
+        "GPU",
+        0.214,
+        0.082,
+    )
     assert rec.preemptions is None and rec.requests_deferred is None
 
 
 def test_v1_032_optional_fields_in_their_order():
-    line = v1_032(0, 1532.8, 2210.4, 58, 27, 0.991, deferred=3, kv_fetch=(3, 1, 0), preemptions=7, prefix=0.402,
-                  external=0.9, mm=0.5)
+    line = v1_032(
+        0,
+        1532.8,
+        2210.4,
+        58,
+        27,
+        0.991,
+        deferred=3,
+        kv_fetch=(3, 1, 0),
+        preemptions=7,
+        prefix=0.402,
+        external=0.9,
+        mm=0.5,
+    )
     assert "Waiting: 30 reqs, Deferred: 3 reqs, KV fetch: 3 waiting to start" in line  # deferred count in Waiting
     rec = read([v1(0, line)]).results[0].record
     assert (rec.requests_waiting, rec.requests_deferred, rec.kv_fetch, rec.preemptions) == (30, 3, (3, 1, 0), 7)
@@ -181,11 +238,16 @@ def test_v1_device_named_kv_field_and_omitted_prefix_field(device):
 
 
 def test_v1_preemptions_per_interval_feed_the_core():
-    lines = [v1(10 * i, v1_032(0, 100.0, 900.0, 50, 20, 0.97, preemptions=p, prefix=0.0)) for i, p in enumerate((0, 6, 0))]
+    lines = [
+        v1(10 * i, v1_032(0, 100.0, 900.0, 50, 20, 0.97, preemptions=p, prefix=0.0)) for i, p in enumerate((0, 6, 0))
+    ]
     s = read(lines, Hints(max_num_seqs=256))
     assert [r.preemptions for r in s.results] == [None, 6, None]  # no field: not "0", unknown
     d = s.results[1].diagnosis
-    assert d.bottleneck == "kv_cache" and "0.6 preemptions/s: running requests lose their KV blocks and recompute" in d.evidence
+    assert (
+        d.bottleneck == "kv_cache"
+        and "0.6 preemptions/s: running requests lose their KV blocks and recompute" in d.evidence
+    )
 
 
 def test_all_deferred_waiting_is_not_a_capacity_limit():
@@ -239,18 +301,40 @@ def test_aggregated_engines_compare_running_with_the_sum_of_ceilings():
     "startup, capacity, max_model_len",
     [
         # V1 0.8 - 0.10, vllm/v1/core/kv_cache_utils.py: two lines
-        (["GPU KV cache size: 145,648 tokens", "Maximum concurrency for 32,768 tokens per request: 4.44x"], 145648, 32768),
+        (
+            ["GPU KV cache size: 145,648 tokens", "Maximum concurrency for 32,768 tokens per request: 4.44x"],
+            145648,
+            32768,
+        ),
         # V1 0.30+: one line, named after the device ("GPU + host" with a host KV tier)
         (["CPU KV cache size: 2,048 tokens, Maximum concurrency for 1,024 tokens per request: 2.00x"], 2048, 1024),
-        (["GPU + host KV cache size: 9,999 tokens, Maximum concurrency for 4,096 tokens per request: 2.44x"], 9999, 4096),
+        (
+            ["GPU + host KV cache size: 9,999 tokens, Maximum concurrency for 4,096 tokens per request: 2.44x"],
+            9999,
+            4096,
+        ),
         # V0 executors: blocks, and from 0.6 the concurrency (max_model_len without separators) gives block_size
-        (["# GPU blocks: 12287, # CPU blocks: 2048", "Maximum concurrency for 8192 tokens per request: 24.00x"], 196592, 8192),
-        (["# cuda blocks: 1000, # CPU blocks: 512", "Maximum concurrency for 4096 tokens per request: 7.81x"], 32000, 4096),
+        (
+            ["# GPU blocks: 12287, # CPU blocks: 2048", "Maximum concurrency for 8192 tokens per request: 24.00x"],
+            196592,
+            8192,
+        ),
+        (
+            ["# cuda blocks: 1000, # CPU blocks: 512", "Maximum concurrency for 4096 tokens per request: 7.81x"],
+            32000,
+            4096,
+        ),
         # only the concurrency: max_model_len x concurrency (+/- 0.5%)
         (["Maximum concurrency for 10,000 tokens per request: 3.50x"], 35000, 10000),
         # V1 'num_gpu_blocks is' with the block size from the start-up arguments
-        (["non-default args: {'block_size': 32}", "Engine 000: vllm cache_config_info with initialization after "
-          "num_gpu_blocks is: 100"], 3200, None),
+        (
+            [
+                "non-default args: {'block_size': 32}",
+                "Engine 000: vllm cache_config_info with initialization after num_gpu_blocks is: 100",
+            ],
+            3200,
+            None,
+        ),
     ],
 )
 def test_capacity_from_start_up_lines(startup, capacity, max_model_len):
@@ -272,9 +356,13 @@ def test_each_data_parallel_engine_gets_its_own_capacity():
 
 def test_start_up_arguments_give_hints_and_cache_config():
     lines = [
-        v1(0, "non-default args: {'model': 'Qwen/Qwen3-8B', 'max_model_len': 4096, 'kv_transfer_config': "
-              "KVTransferConfig(kv_connector='NixlConnector'), 'max_num_seqs': 32, 'kv_cache_dtype': 'fp8', "
-              "'gpu_memory_utilization': 0.85, 'enable_prefix_caching': False}", where="api_utils.py:286"),
+        v1(
+            0,
+            "non-default args: {'model': 'Qwen/Qwen3-8B', 'max_model_len': 4096, 'kv_transfer_config': "
+            "KVTransferConfig(kv_connector='NixlConnector'), 'max_num_seqs': 32, 'kv_cache_dtype': 'fp8', "
+            "'gpu_memory_utilization': 0.85, 'enable_prefix_caching': False}",
+            where="api_utils.py:286",
+        ),
         v1(1, "Chunked prefill is enabled with max_num_batched_tokens=2048.", where="scheduler.py:307"),
         v1(30, V1_08 % (0, 10.0, 10.0, 20, 9, 97.0, 0.0)),
     ]
@@ -290,10 +378,16 @@ def test_start_up_arguments_give_hints_and_cache_config():
 
 
 def test_namespace_arguments_of_older_servers():
-    lines = [v0(0, "args: Namespace(host=None, port=8000, model='m', max_model_len=None, block_size=16, "
-                   "gpu_memory_utilization=0.9, max_num_batched_tokens=None, max_num_seqs=256)", "api_server.py:727"),
-             v0(1, "# GPU blocks: 1862, # CPU blocks: 327", "llm_engine.py:337"),
-             v0(5, V0_METRICS % (10.0, 10.0, 256, 0, 40, 30.0, 0.0))]
+    lines = [
+        v0(
+            0,
+            "args: Namespace(host=None, port=8000, model='m', max_model_len=None, block_size=16, "
+            "gpu_memory_utilization=0.9, max_num_batched_tokens=None, max_num_seqs=256)",
+            "api_server.py:727",
+        ),
+        v0(1, "# GPU blocks: 1862, # CPU blocks: 327", "llm_engine.py:337"),
+        v0(5, V0_METRICS % (10.0, 10.0, 256, 0, 40, 30.0, 0.0)),
+    ]
     s = read(lines)
     d = s.results[0].diagnosis
     assert s.analyzer.config.get("max_num_batched_tokens") is None  # None in the Namespace: not known
@@ -302,9 +396,14 @@ def test_namespace_arguments_of_older_servers():
 
 
 def test_engine_config_line_gives_version_model_dtype_and_prefix_caching():
-    line = v1(0, "Initializing a V1 LLM engine (v0.32.0) with config: model='tiny-llama-dummy', dtype=torch.bfloat16, "
-                 "max_seq_len=1024, kv_cache_dtype=fp8_e4m3, device_config=cpu, served_model_name=tiny, "
-                 "enable_prefix_caching=False, enable_chunked_prefill=True", proc="EngineCore pid=2", where="core.py:133")
+    line = v1(
+        0,
+        "Initializing a V1 LLM engine (v0.32.0) with config: model='tiny-llama-dummy', dtype=torch.bfloat16, "
+        "max_seq_len=1024, kv_cache_dtype=fp8_e4m3, device_config=cpu, served_model_name=tiny, "
+        "enable_prefix_caching=False, enable_chunked_prefill=True",
+        proc="EngineCore pid=2",
+        where="core.py:133",
+    )
     s = read([line, v1(30, V1_08 % (0, 10.0, 10.0, 4, 0, 5.0, 0.0))])
     c = s.analyzer.config
     assert (c.version, c.engine_version, c.model_name) == ("0.32.0", "1", "tiny")
@@ -342,8 +441,9 @@ def test_every_example_log_is_listed():
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_example_logs_through_the_cli(name):
-    p = subprocess.run([sys.executable, "-m", "kvwatch", "logs", "--json", str(LOGS / name)],
-                       capture_output=True, timeout=60)
+    p = subprocess.run(
+        [sys.executable, "-m", "kvwatch", "logs", "--json", str(LOGS / name)], capture_output=True, timeout=60
+    )
     assert p.returncode == 0, p.stderr.decode()
     assert [json.loads(line)["bottleneck"] for line in p.stdout.decode().splitlines()] == EXPECTED[name]
 
@@ -362,9 +462,11 @@ def test_iteration_details_give_tokens_per_step():
 def test_iteration_detail_lines_of_033_dummy_steps_and_encoder_inputs():
     """Every variant _log_iteration_details prints: a DP padding step (dummy) schedules nothing and is not a
     step; the encoder suffix of a multimodal step does not hide the line."""
-    steps = [ITERATION % ("Engine 000: ", 1, 1, 2000, 3, 3, 61.5, "", "GPU", 40.0, ""),
-             ITERATION % ("Engine 000: ", 2, 1, 1900, 3, 3, 60.1, "", "GPU", 41.0, ENCODER % (2, 1152)),
-             ITERATION % ("Engine 000: ", 3, 0, 0, 0, 0, 0.40, " (dummy)", "GPU", 41.0, "")]
+    steps = [
+        ITERATION % ("Engine 000: ", 1, 1, 2000, 3, 3, 61.5, "", "GPU", 40.0, ""),
+        ITERATION % ("Engine 000: ", 2, 1, 1900, 3, 3, 60.1, "", "GPU", 41.0, ENCODER % (2, 1152)),
+        ITERATION % ("Engine 000: ", 3, 0, 0, 0, 0, 0.40, " (dummy)", "GPU", 41.0, ""),
+    ]
     lines = [v1(1, m, where="loggers.py:254") for m in steps]
     lines.append(v1(10, v1_032(0, 400.0, 30.0, 4, 12, 0.41, prefix=0.0)))
     d = read(lines, Hints(max_num_batched_tokens=2048)).results[0].diagnosis
@@ -378,10 +480,20 @@ def test_iteration_detail_lines_feed_an_aggregated_stats_line():
     lines = []
     for i in range(4):
         for eng in (0, 1):
-            lines.append(v1(1, ITERATION % (f"Engine {eng:03d}: ", i, 1, 1020, 8, 8, 30.0, "", "GPU", 30.0, ""),
-                            where="loggers.py:254"))
-    lines.append(v1(10, "2 Engines Aggregated: Avg prompt throughput: 800.0 tokens/s, Avg generation throughput: "
-                        "64.0 tokens/s, Running: 20 reqs, Waiting: 9 reqs, GPU KV cache usage: 30.0%"))
+            lines.append(
+                v1(
+                    1,
+                    ITERATION % (f"Engine {eng:03d}: ", i, 1, 1020, 8, 8, 30.0, "", "GPU", 30.0, ""),
+                    where="loggers.py:254",
+                )
+            )
+    lines.append(
+        v1(
+            10,
+            "2 Engines Aggregated: Avg prompt throughput: 800.0 tokens/s, Avg generation throughput: "
+            "64.0 tokens/s, Running: 20 reqs, Waiting: 9 reqs, GPU KV cache usage: 30.0%",
+        )
+    )
     r = read(lines, Hints(max_num_batched_tokens=1024)).results[0]
     assert r.record.engine == "aggregated"
     assert r.diagnosis.signals.throughput.engine_step_tokens == 1028
@@ -403,8 +515,14 @@ def test_stalled_engine_then_restart():
 
 def _sleep(t, rank=0, woke=None):
     """The engine core's executor lines (vllm/v1/executor/abstract.py, 0.32 as installed by the e2e lane)."""
-    msg = "It took 0.512340 seconds to fall asleep." if woke is None else f"It took 0.301200 seconds to wake up tags {woke}."
-    return v1(t, msg, proc=f"EngineCore_DP{rank} pid=7{rank}", where="abstract.py:391" if woke is None else "abstract.py:409")
+    msg = (
+        "It took 0.512340 seconds to fall asleep."
+        if woke is None
+        else f"It took 0.301200 seconds to wake up tags {woke}."
+    )
+    return v1(
+        t, msg, proc=f"EngineCore_DP{rank} pid=7{rank}", where="abstract.py:391" if woke is None else "abstract.py:409"
+    )
 
 
 def test_sleep_and_wake_up_lines_put_the_engine_to_sleep_until_every_tag_is_awake():
@@ -412,12 +530,23 @@ def test_sleep_and_wake_up_lines_put_the_engine_to_sleep_until_every_tag_is_awak
     says it fell asleep. A partial wake-up (weights first, for an RLHF weight update) keeps it asleep: vLLM
     resumes scheduling only once every tag is resident (EngineCore.wake_up)."""
     stats = lambda t, gen: v1(t, v1_032(0, 0.0, gen, 4, 9, 0.0 if gen == 0 else 0.4))  # noqa: E731
-    lines = [stats(0, 120.0), _sleep(5), stats(10, 0.0), stats(20, 0.0), _sleep(25, woke="['weights']"), stats(30, 0.0),
-             _sleep(35, woke="['kv_cache']"), stats(40, 80.0)]
+    lines = [
+        stats(0, 120.0),
+        _sleep(5),
+        stats(10, 0.0),
+        stats(20, 0.0),
+        _sleep(25, woke="['weights']"),
+        stats(30, 0.0),
+        _sleep(35, woke="['kv_cache']"),
+        stats(40, 80.0),
+    ]
     got = [(r.diagnosis.bottleneck, r.diagnosis.evidence[0]) for r in read(lines).results]
     # 9 wait before it sleeps and after it wakes: undetermined, not "none" (issue 25)
     assert [b for b, _ in got] == ["undetermined", "asleep", "asleep", "asleep", "undetermined"], got
-    assert "vLLM's log ('It took ... seconds to fall asleep', no wake-up since) says the engine sleeps (level not printed)" in got[1][1]
+    assert (
+        "vLLM's log ('It took ... seconds to fall asleep', no wake-up since) says the engine sleeps (level not printed)"
+        in got[1][1]
+    )
     # another rank's sleep line is not this engine's; a wake-up with no tags named ({...}: all of them) wakes it
     other = [stats(0, 120.0), _sleep(5, rank=1), stats(10, 0.0), stats(20, 0.0)]
     assert "asleep" not in [r.diagnosis.bottleneck for r in read(other).results]

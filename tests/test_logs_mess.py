@@ -34,12 +34,25 @@ def summary(s: LogSession) -> list[tuple]:
     out = []
     for r in s.results:
         rec, d = r.record, r.diagnosis
-        out.append((
-            rec.engine, rec.clock, rec.prompt_tokens_per_second, rec.generation_tokens_per_second,
-            rec.requests_running, rec.requests_waiting, rec.requests_swapped, rec.requests_deferred,
-            rec.kv_cache_usage_ratio, rec.prefix_cache_hit_ratio, rec.preemptions, rec.kv_fetch,
-            d.bottleneck, tuple(x.action for x in d.recommendations), d.signals.capacity.capacity_tokens,
-        ))
+        out.append(
+            (
+                rec.engine,
+                rec.clock,
+                rec.prompt_tokens_per_second,
+                rec.generation_tokens_per_second,
+                rec.requests_running,
+                rec.requests_waiting,
+                rec.requests_swapped,
+                rec.requests_deferred,
+                rec.kv_cache_usage_ratio,
+                rec.prefix_cache_hit_ratio,
+                rec.preemptions,
+                rec.kv_fetch,
+                d.bottleneck,
+                tuple(x.action for x in d.recommendations),
+                d.signals.capacity.capacity_tokens,
+            )
+        )
     return out
 
 
@@ -66,14 +79,18 @@ class Clock:
 
 
 def hard_wrap(text: str, width: int, indent: str = "") -> str:
-    return "\n".join(("\n" + indent).join(line[i:i + width] for i in range(0, max(len(line), 1), width)) for line in text.split("\n"))
+    return "\n".join(
+        ("\n" + indent).join(line[i : i + width] for i in range(0, max(len(line), 1), width))
+        for line in text.split("\n")
+    )
 
 
 def paste_wrap(text: str, width: int) -> str:
     """An editor or chat re-wrapping at spaces: each break replaces a space with a newline."""
     return "\n".join(
         "\n".join(textwrap.wrap(line, width, break_long_words=False, break_on_hyphens=False, replace_whitespace=False))
-        if line.strip() else line
+        if line.strip()
+        else line
         for line in text.split("\n")
     )
 
@@ -88,7 +105,7 @@ def cri(text: str, chunk: int = 90) -> str:
 
     def f(i, line):
         ts = f"2026-12-01T{clock(line)}.{i:09d}Z"
-        parts = [line[k:k + chunk] for k in range(0, max(len(line), 1), chunk)]
+        parts = [line[k : k + chunk] for k in range(0, max(len(line), 1), chunk)]
         return "\n".join(f"{ts} stdout {'F' if j == len(parts) - 1 else 'P'} {p}" for j, p in enumerate(parts))
 
     return per_line(text, f)
@@ -99,7 +116,7 @@ def docker_json(text: str, chunk: int = 120) -> str:
 
     def f(i, line):
         ts = f"2026-12-01T{clock(line)}.{i:09d}Z"
-        parts = [line[k:k + chunk] for k in range(0, max(len(line), 1), chunk)]
+        parts = [line[k : k + chunk] for k in range(0, max(len(line), 1), chunk)]
         return "\n".join(
             json.dumps({"log": p + ("\n" if j == len(parts) - 1 else ""), "stream": "stdout", "time": ts})
             for j, p in enumerate(parts)
@@ -158,8 +175,12 @@ def glue_records_together(text: str) -> str:
 
 def tqdm_before(text: str) -> str:
     bar = "Processed prompts:  {0}%|{1:<10}| {0}/100 [00:10<00:12,  4.50it/s]"
-    return per_line(text, lambda i, line: "".join(bar.format(p, "#" * (p // 10)) + "\r" for p in (44, 45)) + line
-                    if is_record(line) else line)
+    return per_line(
+        text,
+        lambda i, line: (
+            "".join(bar.format(p, "#" * (p // 10)) + "\r" for p in (44, 45)) + line if is_record(line) else line
+        ),
+    )
 
 
 def tqdm_after(text: str) -> str:
@@ -206,8 +227,19 @@ def test_mess_changes_nothing(log, mess):
 @pytest.mark.parametrize("log", REAL, ids=lambda p: p.parent.name)
 def test_glued_records_with_nothing_between(log):
     """Without their headers, clocks and start-up lines fall away: the values must not."""
-    values = lambda s: [(r.record.prompt_tokens_per_second, r.record.requests_running, r.record.requests_waiting,  # noqa: E731
-                         r.record.kv_cache_usage_ratio, r.record.prefix_cache_hit_ratio) for r in s.results]
+
+    def values(s):
+        return [
+            (
+                r.record.prompt_tokens_per_second,
+                r.record.requests_running,
+                r.record.requests_waiting,  # noqa: E731
+                r.record.kv_cache_usage_ratio,
+                r.record.prefix_cache_hit_ratio,
+            )
+            for r in s.results
+        ]
+
     want = values(read(log.read_text()))
     s = read(glue_records_together(log.read_text()))
     assert values(s) == want and len(s.results) >= 2
@@ -237,8 +269,10 @@ def test_incomplete_records_are_skipped_not_fatal():
 
 
 def test_a_truncated_number_is_never_read_as_a_smaller_one():
-    s = read("INFO 12-01 10:00:00 [loggers.py:1] Engine 000: Avg prompt throughput: 1.0 tokens/s, Avg generation "
-             "throughput: 2.0 tokens/s, Running: 12 reqs, Waiting: 3")
+    s = read(
+        "INFO 12-01 10:00:00 [loggers.py:1] Engine 000: Avg prompt throughput: 1.0 tokens/s, Avg generation "
+        "throughput: 2.0 tokens/s, Running: 12 reqs, Waiting: 3"
+    )
     assert s.results == [] and s.assembler.skipped == [1]
 
 
@@ -255,8 +289,10 @@ def test_bytes_that_are_not_utf8_and_huge_lines(tmp_path):
 
 def test_collector_clock_when_lines_carry_no_vllm_header():
     """A logging config that prints the message only: the collector's timestamps give the intervals."""
-    msg = ("Engine 000: Avg prompt throughput: 0.0 tokens/s, Avg generation throughput: 0.0 tokens/s, "
-           "Running: 4 reqs, Waiting: 9 reqs, GPU KV cache usage: 20.0%, Prefix cache hit rate: 0.0%")
+    msg = (
+        "Engine 000: Avg prompt throughput: 0.0 tokens/s, Avg generation throughput: 0.0 tokens/s, "
+        "Running: 4 reqs, Waiting: 9 reqs, GPU KV cache usage: 20.0%, Prefix cache hit rate: 0.0%"
+    )
     text = "\n".join(f"2026-12-01T10:00:{s:02d}.000000000Z {msg}" for s in (0, 5, 10))
     s = read(text)
     assert [r.interval for r in s.results] == [10.0, 5.0, 5.0]  # the first: vLLM's default interval

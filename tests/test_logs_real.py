@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from kvwatch.catalog import Action, Bottleneck
+from kvwatch.logs import main as logs_main
 
 ACTIONS, BOTTLENECKS = list(Action), list(Bottleneck)
-from kvwatch.logs import main as logs_main
 
 # Every test but one starts `python -m kvwatch logs` (many processes): outside the fast lane.
 pytestmark = pytest.mark.slow
@@ -23,8 +23,16 @@ pytestmark = pytest.mark.slow
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm-0.32.0-cpu"
 KVWATCH = [sys.executable, "-m", "kvwatch", "logs"]
 JSON_KEYS = {
-    "line", "engine", "prompt_tokens_per_second", "generation_tokens_per_second", "requests_running",
-    "requests_waiting", "requests_swapped", "kv_cache_usage_ratio", "bottleneck", "recommendations",
+    "line",
+    "engine",
+    "prompt_tokens_per_second",
+    "generation_tokens_per_second",
+    "requests_running",
+    "requests_waiting",
+    "requests_swapped",
+    "kv_cache_usage_ratio",
+    "bottleneck",
+    "recommendations",
 }
 
 
@@ -58,7 +66,10 @@ def stats_lines_only(scenario, tmp_path):
 def test_kv_cache_run_is_diagnosed_kv_cache_with_the_logs_capacity():
     recs = records(FIXTURES / "kv_cache" / "server.log")
     assert [(r["line"], r["time"], r["requests_running"], r["requests_waiting"]) for r in recs] == [
-        (195, "10:22:22", 7, 72), (223, "10:22:32", 4, 53), (234, "10:22:42", 4, 15), (247, "10:22:52", 0, 0),
+        (195, "10:22:22", 7, 72),
+        (223, "10:22:32", 4, 53),
+        (234, "10:22:42", 4, 15),
+        (247, "10:22:52", 0, 0),
     ]
     assert [r["kv_cache_usage_ratio"] for r in recs] == [1.0, 0.873, 0.937, 0.0]
     assert [r["prompt_tokens_per_second"] for r in recs] == [161.7, 1025.9, 975.1, 325.1]

@@ -37,7 +37,11 @@ class Proc:
         env = {k: v for k, v in os.environ.items() if not k.startswith("KVWATCH_")}
         self.proc = Process(
             [sys.executable, "-m", "kvwatch", "logs", *map(str, args)],
-            stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True,
+            stdin=stdin,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            text=True,
         ).start()
         self.p = self.proc.proc
         self.lines: queue.Queue = queue.Queue()
@@ -105,7 +109,11 @@ def test_follow_reads_records_as_the_file_grows_and_survives_rotation(tmp_path):
         seqs = record_lines(SEQS)
         append(log, SEQS[: seqs[0] + 1])
         r = proc.next_json()
-        assert (r["line"], r["bottleneck"], r["max_num_seqs"]) == (seqs[0] + 1, "max_num_seqs", {"value": 2, "source": "configured"})
+        assert (r["line"], r["bottleneck"], r["max_num_seqs"]) == (
+            seqs[0] + 1,
+            "max_num_seqs",
+            {"value": 2, "source": "configured"},
+        )
 
         # truncated in place (copytruncate): read again from the start
         with log.open("w") as f:

@@ -13,10 +13,10 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from kvwatch.engines import ENGINES
 from kvwatch.app import Monitor
 from kvwatch.catalog import Action, Bottleneck, KvPressure
 from kvwatch.config import load_settings
+from kvwatch.engines import ENGINES
 from kvwatch.page import ASSETS, GRAFANA_HEX, add_page_routes, contrast_ratio
 from tests.test_catalog import FLAG_NAMES
 
@@ -71,7 +71,12 @@ async def test_the_catalogue_is_served_to_the_page_not_copied_into_it(client):
     cfg = _config(html)
     assert [b["name"] for b in cfg["bottlenecks"]] == [str(b) for b in Bottleneck]
     for b, c in zip(Bottleneck, cfg["bottlenecks"], strict=True):
-        assert (c["label"], c["meaning"], c["severity"], c["colour"]) == (b.label, b.meaning, b.severity, GRAFANA_HEX[b.colour])
+        assert (c["label"], c["meaning"], c["severity"], c["colour"]) == (
+            b.label,
+            b.meaning,
+            b.severity,
+            GRAFANA_HEX[b.colour],
+        )
         assert contrast_ratio(c["colour"], c["ink"]) >= 4.5, b  # the badge's text reads on its colour
     assert cfg["actions"] == {
         str(a): {"meaning": a.meaning, "flags": {e.name: e.flag(a) for e in ENGINES}} for a in Action

@@ -58,7 +58,12 @@ def test_counter_family_name_drops_total_and_keeps_help():
     fams = parse(body)
     assert list(fams) == ["vllm:num_preemptions"]
     fam = fams["vllm:num_preemptions"]
-    assert (fam.type, fam.help, fam.samples[0].name, fam.samples[0].value) == ("counter", "Cumulative.", "vllm:num_preemptions_total", 3.0)
+    assert (fam.type, fam.help, fam.samples[0].name, fam.samples[0].value) == (
+        "counter",
+        "Cumulative.",
+        "vllm:num_preemptions_total",
+        3.0,
+    )
 
 
 @pytest.mark.parametrize(
@@ -81,7 +86,9 @@ def test_strict_on_malformed_input(body, what):
 
 def test_truncated_real_body_is_an_error_not_a_smaller_number():
     body = next(iter((FIXTURES / "kv_cache").glob("*.prom"))).read_text()
-    cut = body.index("vllm:kv_cache_usage_perc{") + len('vllm:kv_cache_usage_perc{engine="0",model_name="tiny-llama-dummy"} 0.')
+    cut = body.index("vllm:kv_cache_usage_perc{") + len(
+        'vllm:kv_cache_usage_perc{engine="0",model_name="tiny-llama-dummy"} 0.'
+    )
     with pytest.raises(ParseError):
         parse(body[:cut], keep_family)
     # prometheus_client would have returned a value here: that is the leniency we refuse.
@@ -104,9 +111,13 @@ def test_escapes_and_special_values():
 
 _name = st.from_regex(r"[a-zA-Z_:][a-zA-Z0-9_:]{0,12}", fullmatch=True)
 _label_name = st.from_regex(r"[a-zA-Z][a-zA-Z0-9_]{0,8}", fullmatch=True).filter(lambda n: n not in ("le", "quantile"))
-_label_value = st.text(st.characters(codec="utf-8", exclude_characters="\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"), max_size=10)
+_label_value = st.text(
+    st.characters(codec="utf-8", exclude_characters="\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"), max_size=10
+)
 _value = st.one_of(
-    st.floats(allow_nan=False, width=64), st.integers(-(10**12), 10**12).map(float), st.sampled_from([math.inf, -math.inf])
+    st.floats(allow_nan=False, width=64),
+    st.integers(-(10**12), 10**12).map(float),
+    st.sampled_from([math.inf, -math.inf]),
 )
 
 
@@ -132,7 +143,7 @@ def exposition(draw):
             if values in seen:
                 continue
             seen.add(values)
-            labels = ",".join(f'{k}="{_esc(v)}"' for k, v in zip(label_names, values))
+            labels = ",".join(f'{k}="{_esc(v)}"' for k, v in zip(label_names, values, strict=False))
             value = draw(_value)
             lines.append(f"{name}{{{labels}}} {value!r}" if labels else f"{name} {value!r}")
     return "\n".join(lines) + "\n"

@@ -54,8 +54,22 @@ _SEP = st.sampled_from([" ", " ", " ", "\t", "  ", " \t", ""])
 _VALUE = st.sampled_from(["1", "0.5", "-2e-3", "NaN", "+Inf", "-Inf", "1_0", "x", "}", "1{", "0x10", "1.0.1", ""])
 _HELP_TEXTS = ["", "text", "a \\\\ b", 'q \\" n \\n']
 _LABELS = st.sampled_from(
-    ["", "{}", '{l="v"}', '{l="v",m="w"}', '{l="v",}', '{l="a\\"b"}', '{l="}{,"}', '{ l = "v" }', '{l="v" m="w"}',
-     '{l="v}', "{l=v}", '{l="x\\ny"}', '{le="0.5"}', '{le="+Inf",engine="0"}']
+    [
+        "",
+        "{}",
+        '{l="v"}',
+        '{l="v",m="w"}',
+        '{l="v",}',
+        '{l="a\\"b"}',
+        '{l="}{,"}',
+        '{ l = "v" }',
+        '{l="v" m="w"}',
+        '{l="v}',
+        "{l=v}",
+        '{l="x\\ny"}',
+        '{le="0.5"}',
+        '{le="+Inf",engine="0"}',
+    ]
 )
 
 
@@ -146,7 +160,9 @@ def _reference(body, keep=None):
 _fam_name = st.from_regex(r"[a-z][a-z0-9_:]{0,6}", fullmatch=True).filter(
     lambda n: not n.endswith(("_total", "_created", "_bucket", "_sum", "_count"))
 )
-_label_value = st.text(st.characters(codec="utf-8", exclude_characters="\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"), max_size=6)
+_label_value = st.text(
+    st.characters(codec="utf-8", exclude_characters="\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"), max_size=6
+)
 _float = st.one_of(st.floats(allow_nan=False, width=64), st.sampled_from([math.inf, -math.inf]))
 
 

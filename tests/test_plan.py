@@ -277,7 +277,16 @@ def test_gpu_memory_path_is_memory_times_utilization_minus_weights(tmp_path, cap
     path = tmp_path / "config.json"
     path.write_text(json.dumps(LLAMA_31_8B))
     doc = plan_json(
-        ["--model-config", str(path), "--gpu-memory-gib", "80", "--gpu-memory-utilization", "0.9", "--max-model-len", "8192"],
+        [
+            "--model-config",
+            str(path),
+            "--gpu-memory-gib",
+            "80",
+            "--gpu-memory-utilization",
+            "0.9",
+            "--max-model-len",
+            "8192",
+        ],
         capsys,
     )
     weights = 8_030_261_248 * 2  # the estimate: 8.03 B parameters in bfloat16
@@ -303,7 +312,9 @@ def test_tensor_parallelism_shards_the_weights_and_the_heads(tmp_path, capsys):
 def test_mla_model_on_the_kv_bytes_path(tmp_path, capsys):
     path = tmp_path / "config.json"
     path.write_text(json.dumps(DEEPSEEK_V2_LITE))
-    doc = plan_json(["--model-config", str(path), "--kv-cache-memory-bytes", str(20 * GIB), "--block-size", "64"], capsys)
+    doc = plan_json(
+        ["--model-config", str(path), "--kv-cache-memory-bytes", str(20 * GIB), "--block-size", "64"], capsys
+    )
     blocks = 20 * GIB // (64 * 576 * 2) // 27
     assert (doc["kv_cache_blocks"], doc["kv_cache_tokens"], doc["max_model_len"]) == (blocks, blocks * 64, 163840)
     assert doc["max_concurrency_at_max_model_len"] == blocks / (163840 // 64)
@@ -387,7 +398,9 @@ def test_utilization_what_if_stops_at_the_ceiling(tmp_path, capsys):
 def test_tp_what_if_that_vllm_refuses_says_why(tmp_path, capsys):
     path = tmp_path / "config.json"
     path.write_text(json.dumps(QWEN25_7B))  # 28 heads: TP 8 does not divide them
-    doc = plan_json(["--model-config", str(path), "--kv-cache-memory-bytes", str(GIB), "--tensor-parallel-size", "4"], capsys)
+    doc = plan_json(
+        ["--model-config", str(path), "--kv-cache-memory-bytes", str(GIB), "--tensor-parallel-size", "4"], capsys
+    )
     tp = next(w for w in doc["what_if"] if w["change"] == "--tensor-parallel-size 8")
     assert tp["kv_cache_tokens"] is None and "num_attention_heads (28)" in tp["note"]
 
@@ -414,7 +427,10 @@ def test_a_cache_too_small_for_max_model_len_says_vllm_will_not_start(capsys):
 
 
 def test_a_checkpoint_that_quantizes_its_kv_cache_is_pointed_out(tmp_path, capsys):
-    cfg = {**LLAMA_31_8B, "quantization_config": {"quant_method": "compressed-tensors", "kv_cache_scheme": {"num_bits": 8}}}
+    cfg = {
+        **LLAMA_31_8B,
+        "quantization_config": {"quant_method": "compressed-tensors", "kv_cache_scheme": {"num_bits": 8}},
+    }
     flags = ["--model-config", _write(tmp_path, cfg), "--kv-cache-memory-bytes", str(GIB)]
     assert any("--kv-cache-dtype fp8" in n for n in plan_json(flags, capsys)["notes"])
     assert not any("quantization_config" in n for n in plan_json([*flags, "--kv-cache-dtype", "fp8"], capsys)["notes"])
@@ -443,7 +459,10 @@ def test_the_docs_example_is_what_the_command_prints(capsys):
     [
         (LLAMA_31_8B, 131072),  # llama3 RoPE scaling: max_position_embeddings as it is
         (DEEPSEEK_V2_LITE, 4096 * 40),  # YaRN: original_max_position_embeddings x factor
-        ({**QWEN25_7B, "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}}, 131072),
+        (
+            {**QWEN25_7B, "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}},
+            131072,
+        ),
         ({**MISTRAL_7B_V03, "rope_scaling": {"rope_type": "linear", "factor": 2.0}}, 65536),
         ({**MISTRAL_7B_V03, "max_sequence_length": 8192}, 8192),  # the smallest length key
     ],
@@ -479,8 +498,16 @@ def _write(tmp_path, cfg) -> str:
         ({**LLAMA_31_8B, "torch_dtype": "int4"}, [], "torch_dtype"),
         (LLAMA_31_8B, ["--tensor-parallel-size", "3"], "--tensor-parallel-size 3"),
         (LLAMA_31_8B, ["--prompt-tokens", "100"], "--output-tokens"),
-        (LLAMA_31_8B, ["--prompt-tokens", "9000", "--output-tokens", "1", "--max-model-len", "8192"], "--max-model-len"),
-        (LLAMA_31_8B, ["--gpu-memory-gib", "80", "--kv-cache-memory-bytes", "1"], "--kv-cache-memory-bytes or --gpu-memory-gib"),
+        (
+            LLAMA_31_8B,
+            ["--prompt-tokens", "9000", "--output-tokens", "1", "--max-model-len", "8192"],
+            "--max-model-len",
+        ),
+        (
+            LLAMA_31_8B,
+            ["--gpu-memory-gib", "80", "--kv-cache-memory-bytes", "1"],
+            "--kv-cache-memory-bytes or --gpu-memory-gib",
+        ),
         (LLAMA_31_8B, ["--gpu-memory-utilization", "0.9"], "--gpu-memory-utilization"),
         (LLAMA_31_8B, ["--block-size", "-16"], "--block-size"),
         (LLAMA_31_8B, ["--max-num-seqs", "0"], "--max-num-seqs"),

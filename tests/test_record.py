@@ -104,8 +104,9 @@ def _mount(where: Path, options: str) -> None:
     where.mkdir(parents=True, exist_ok=True)
     proc = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)], capture_output=True, text=True)
     if proc.returncode != 0:
-        pytest.fail(f"cannot mount a tmpfs at {where} (needs root; CI runs as root): "
-                    f"{proc.stderr.strip() or proc.returncode}")
+        pytest.fail(
+            f"cannot mount a tmpfs at {where} (needs root; CI runs as root): {proc.stderr.strip() or proc.returncode}"
+        )
 
 
 def _umount(where: Path) -> None:

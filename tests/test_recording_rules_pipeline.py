@@ -42,8 +42,11 @@ def test_fleet_recording_rules_agree_with_the_sidecar(tmp_path):
         # The shipped rules, unmodified.
         with Prometheus(prom_cfg, tmp_path / "prom", rule_files=RULE_FILES) as prom:
             # Both need a full minute of data: kvwatch's --window 60 and the rules' [1m] windows.
-            prom.wait_for(lambda: prom.value("engine:vllm_generation_tokens:rate1m") is not None,
-                          timeout=30, what="recording rules evaluating")
+            prom.wait_for(
+                lambda: prom.value("engine:vllm_generation_tokens:rate1m") is not None,
+                timeout=30,
+                what="recording rules evaluating",
+            )
             start = time.monotonic()
             prom.wait_for(lambda: time.monotonic() - start > 85, timeout=120, what="85 s of data")
 
@@ -58,8 +61,10 @@ def test_fleet_recording_rules_agree_with_the_sidecar(tmp_path):
                 "generation tok/s": ("engine:vllm_generation_tokens:rate1m", "kvwatch_generation_tokens_per_second"),
                 "preemptions/s": ("engine:vllm_num_preemptions:rate1m", "kvwatch_preemptions_per_second"),
                 "mean sequence tokens": ("engine:vllm_request_sequence_tokens:mean1m", "kvwatch_mean_sequence_tokens"),
-                "estimated max concurrency": ("engine:vllm_estimated_max_concurrency:requests",
-                                              "kvwatch_estimated_max_concurrency"),
+                "estimated max concurrency": (
+                    "engine:vllm_estimated_max_concurrency:requests",
+                    "kvwatch_estimated_max_concurrency",
+                ),
                 "engine step tokens": ("engine:vllm_iteration_tokens:mean1m", "kvwatch_engine_step_tokens"),
             }
             report = {}
@@ -74,10 +79,12 @@ def test_fleet_recording_rules_agree_with_the_sidecar(tmp_path):
             report["throughput gap fraction"] = (round(f, 3), round(s, 3))
             assert abs(f - s) <= GAP_TOLERANCE, ("gap", f, s)
 
-            fleet_b = prom.query('engine:vllm_bottleneck:approx == 1')
+            fleet_b = prom.query("engine:vllm_bottleneck:approx == 1")
             assert [r["metric"]["bottleneck"] for r in fleet_b] == ["kv_cache"]
             # The fleet rule reads [1m] windows; the sidecar's diagnosis is per scrape, so judge its last 20 s.
-            side_b = {r["metric"]["bottleneck"]: float(r["value"][1])
-                      for r in prom.query('avg_over_time(kvwatch_bottleneck[20s]) > 0')}
+            side_b = {
+                r["metric"]["bottleneck"]: float(r["value"][1])
+                for r in prom.query("avg_over_time(kvwatch_bottleneck[20s]) > 0")
+            }
             assert side_b.get("kv_cache", 0.0) >= 0.9, side_b
             print("\nfleet vs sidecar:", report)

@@ -43,7 +43,9 @@ def _queue_span(folder: Path) -> tuple[float, float]:
     """The capture's busy part: from the first to the last snapshot with a request running or waiting."""
     tl = _timeline(folder)
     s = tl.engines[0]["series"]
-    busy = [t for t, r, w in zip(s["t"], s["requests_running"], s["requests_waiting"], strict=True) if (r or 0) + (w or 0)]
+    busy = [
+        t for t, r, w in zip(s["t"], s["requests_running"], s["requests_waiting"], strict=True) if (r or 0) + (w or 0)
+    ]
     return busy[0], busy[-1]
 
 
@@ -65,10 +67,13 @@ def test_a_vllm_result_is_a_stage_ending_at_its_date(tmp_path):
     assert (read_stage(g, start=100.0).start, read_stage(g, start=100.0).end) == (100.0, 130.0)
 
 
-@pytest.mark.parametrize("doc,field", [
-    ({"benchmarks": [{"metrics": {}}], "args": {}}, "duration"),  # guidellm's report: another tool
-    ({"duration": 10, "completed": 3, "request_throughput": 0.3}, "output_throughput"),  # a pooling run, say
-])
+@pytest.mark.parametrize(
+    "doc,field",
+    [
+        ({"benchmarks": [{"metrics": {}}], "args": {}}, "duration"),  # guidellm's report: another tool
+        ({"duration": 10, "completed": 3, "request_throughput": 0.3}, "output_throughput"),  # a pooling run, say
+    ],
+)
 def test_another_tools_file_is_refused_in_one_line_naming_the_field(tmp_path, doc, field):
     f = write_result(tmp_path / "other.json", doc)
     with pytest.raises(ValueError, match=f"other.json: no '{field}' field"):
@@ -96,8 +101,9 @@ def test_the_stage_under_a_queue_names_max_num_seqs_and_the_idle_one_none(tmp_pa
     tl = _timeline(folder, hints=Hints(max_num_seqs=2))
     t0, t1 = _queue_span(folder)
     files = [t for t, _ in recording(folder)]
-    stages = _stages(tmp_path, folder, [("light.json", files[0], t0 - 1, 1, 100.0, 20.0),
-                                        ("heavy.json", t0, t1, 40, 5000.0, 30.0)])
+    stages = _stages(
+        tmp_path, folder, [("light.json", files[0], t0 - 1, 1, 100.0, 20.0), ("heavy.json", t0, t1, 40, 5000.0, 30.0)]
+    )
     model = build_report(tl, stages, Slo(ttft_p99=1.0))
     light, heavy = model["stages"]  # lightest load first
     assert (light["name"], heavy["name"]) == ("light.json", "heavy.json")
@@ -119,8 +125,14 @@ def test_the_stage_under_a_queue_names_max_num_seqs_and_the_idle_one_none(tmp_pa
 def test_a_stage_outside_the_recording_is_said_not_guessed(tmp_path):
     folder = FIXTURES / "max_num_seqs"
     tl = _timeline(folder)
-    stages = _stages(tmp_path, folder, [("later.json", tl.end + 3600, tl.end + 3660, 4, 100.0, 20.0),
-                                        ("half.json", tl.end - 10, tl.end + 30, 2, 100.0, 20.0)])
+    stages = _stages(
+        tmp_path,
+        folder,
+        [
+            ("later.json", tl.end + 3600, tl.end + 3660, 4, 100.0, 20.0),
+            ("half.json", tl.end - 10, tl.end + 30, 2, 100.0, 20.0),
+        ],
+    )
     model = build_report(tl, stages)
     by = {r["name"]: r for r in model["stages"]}
     assert by["later.json"]["binding"] is None and by["later.json"]["snapshots"] == 0
@@ -135,8 +147,10 @@ def test_prefix_cache_hits_and_shared_seeds_are_cautions(tmp_path):
     tl = _timeline(folder)
     t0, t1 = _queue_span(folder)
     stages = _stages(tmp_path, folder, [("a.json", t0, t1, 4, 100.0, 20.0)])
-    seeded = [read_stage(write_result(tmp_path / n, vllm_result(t1, t1 - t0, 4, 1.0, 1.0, seed="7")), t0)
-              for n in ("s1.json", "s2.json")]
+    seeded = [
+        read_stage(write_result(tmp_path / n, vllm_result(t1, t1 - t0, 4, 1.0, 1.0, seed="7")), t0)
+        for n in ("s1.json", "s2.json")
+    ]
     hit = build_report(tl, stages)["stages"][0]["observed"]["prefix_cache_hit_ratio_mean"]
     assert 0.3 < hit < 0.9
     kinds = lambda m: [c["kind"] for c in m["cautions"]]  # noqa: E731
@@ -174,17 +188,23 @@ def test_corrupt_snapshots_are_skipped_and_counted(tmp_path):
     assert r.returncode == 0 and json.loads(r.stdout)["source"]["skipped"] == 2
 
 
-@pytest.mark.parametrize("case", ["missing", "empty", "all_corrupt", "both_sources", "no_source", "stage_start",
-                                  "from_unreachable"])
+@pytest.mark.parametrize(
+    "case", ["missing", "empty", "all_corrupt", "both_sources", "no_source", "stage_start", "from_unreachable"]
+)
 def test_bad_input_exits_2_in_one_line(tmp_path, case):
     rec = tmp_path / "rec"
     rec.mkdir()
     if case == "all_corrupt":
         (rec / "1796120649.163.prom").write_text("not metrics\n")
-    args = {"missing": [tmp_path / "nope"], "empty": [rec], "all_corrupt": [rec], "no_source": [],
-            "both_sources": [rec, "--from", "http://127.0.0.1:1"],
-            "stage_start": [FIXTURES / "max_num_seqs", "--stage-start", "1796120649"],
-            "from_unreachable": ["--from", "http://admin:hunter2@127.0.0.1:1/"]}[case]
+    args = {
+        "missing": [tmp_path / "nope"],
+        "empty": [rec],
+        "all_corrupt": [rec],
+        "no_source": [],
+        "both_sources": [rec, "--from", "http://127.0.0.1:1"],
+        "stage_start": [FIXTURES / "max_num_seqs", "--stage-start", "1796120649"],
+        "from_unreachable": ["--from", "http://admin:hunter2@127.0.0.1:1/"],
+    }[case]
     r = _run(*args)
     assert r.returncode == 2 and "Traceback" not in r.stderr and r.stderr.count("\n") == 1, r.stderr
     assert "hunter2" not in r.stderr
@@ -223,8 +243,10 @@ def test_the_html_is_one_self_contained_file_and_target_text_stays_text(tmp_path
     evil = tmp_path / 'rec</script><script>alert(1)</script><b>"x'
     shutil.copytree(FIXTURES / "max_num_seqs", evil)
     files = recording(evil)
-    bench = write_result(tmp_path / "c40.json",
-                         vllm_result(files[-1][0], files[-1][0] - files[0][0], 40, 900.0, 30.0, model_id="<i>m</i>"))
+    bench = write_result(
+        tmp_path / "c40.json",
+        vllm_result(files[-1][0], files[-1][0] - files[0][0], 40, 900.0, 30.0, model_id="<i>m</i>"),
+    )
     out = tmp_path / "report.html"
     r = _run(evil, "--bench", bench, "--stage-start", files[0][0], "--slo-ttft-p99", "1", "--out", out)
     assert r.returncode == 0, r.stderr
@@ -278,7 +300,13 @@ def test_a_real_vllm_bench_serve_sweep(monkeypatch):
     assert by[16]["latency_ms"]["ttft"]["p99"] > 1000 and by[16]["completed"] == 160
     assert by[1]["binding"] is None and by[2]["binding"] is None
     assert sorted(c["stage"] for c in model["cautions"] if c["kind"] == "outside") == [
-        "vllm-bench-c1.json", "vllm-bench-c2.json"]
+        "vllm-bench-c1.json",
+        "vllm-bench-c2.json",
+    ]
     k = model["knee"]
-    assert (k["highest_met"], k["binding_there"], k["first_broken"]) == ("vllm-bench-c2.json", None, "vllm-bench-c16.json")
+    assert (k["highest_met"], k["binding_there"], k["first_broken"]) == (
+        "vllm-bench-c2.json",
+        None,
+        "vllm-bench-c16.json",
+    )
     assert model["limits"]["max_num_seqs"] == {"value": 4, "source": "inferred"}

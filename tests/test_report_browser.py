@@ -52,9 +52,28 @@ def report(tmp_path_factory):
     light = write_result(tmp / "light.json", vllm_result(files[0] + 8, 8, 1, 150.0, 20.0))
     heavy = write_result(tmp / "heavy.json", vllm_result(half + 10, 20, 40, 4000.0, 30.0))
     out = tmp / "report.html"
-    r = subprocess.run([sys.executable, "-m", "kvwatch", "report", FOLDER, "--bench", light, "--bench", heavy,
-                        "--slo-ttft-p99", "1", "--max-num-seqs", "2", "--out", out],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kvwatch",
+            "report",
+            FOLDER,
+            "--bench",
+            light,
+            "--bench",
+            heavy,
+            "--slo-ttft-p99",
+            "1",
+            "--max-num-seqs",
+            "2",
+            "--out",
+            out,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     return out
 
@@ -94,12 +113,16 @@ def test_every_chart_has_points_and_the_knee_and_stages_are_shown(page):
 def test_it_fits_without_sideways_scrolling(page, width, height, mobile):
     page.set_viewport(width, height, mobile=mobile)
     try:
-        fits = page.wait_for(f"""(() => {{
+        fits = page.wait_for(
+            f"""(() => {{
             const svgs = [...document.querySelectorAll('svg.chart')];
             const ok = innerWidth === {width} && svgs.length > 0 && svgs.every(s => s.viewBox.baseVal.width <= innerWidth)
                 && document.documentElement.scrollWidth <= innerWidth;
             return ok && {{scroll: document.documentElement.scrollWidth, inner: innerWidth}};
-        }})()""", timeout=30, what=f"the report to fit {width} px")
+        }})()""",
+            timeout=30,
+            what=f"the report to fit {width} px",
+        )
         assert fits["scroll"] <= fits["inner"] == width
         wide = page.evaluate("""[...document.querySelectorAll('main *')].filter(el => {
             const r = el.getBoundingClientRect(); return r.width > 0 && (r.right > innerWidth + 1 || r.left < -1);

@@ -39,8 +39,12 @@ def _in_order(order: list[str], want: list[str]) -> bool:
 
 
 def _report(*args) -> dict:
-    r = subprocess.run([*KVWATCH, "report", *map(str, args), *ANALYSIS, "--format", "json"],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [*KVWATCH, "report", *map(str, args), *ANALYSIS, "--format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
 
@@ -50,14 +54,23 @@ def test_every_tour_phase_is_in_the_strip_in_order(tmp_path):
     cycle = sum(p["duration_s"] for p in load_preset_doc("tour")["phases"]) / SPEED
     url = f"http://127.0.0.1:{sim_port}/metrics"
     rec = tmp_path / "tour"
-    with Process([*KVWATCH, "sim", "--scenario", "tour", "--port", sim_port, "--speed", SPEED, "--seed", "1"],
-                 tmp_path / "sim.log", name="simulator") as sim:
+    with Process(
+        [*KVWATCH, "sim", "--scenario", "tour", "--port", sim_port, "--speed", SPEED, "--seed", "1"],
+        tmp_path / "sim.log",
+        name="simulator",
+    ) as sim:
         sim.wait_for_url(url, timeout=60)
-        with Process([*KVWATCH, "run", "--target", url, "--listen", f"127.0.0.1:{kv_port}", "--interval", "0.5",
-                      *ANALYSIS], tmp_path / "kvwatch.log", name="kvwatch") as kv:
+        with Process(
+            [*KVWATCH, "run", "--target", url, "--listen", f"127.0.0.1:{kv_port}", "--interval", "0.5", *ANALYSIS],
+            tmp_path / "kvwatch.log",
+            name="kvwatch",
+        ) as kv:
             kv.wait_for_url(f"http://127.0.0.1:{kv_port}/readyz", timeout=60)
-            recorder = Process([*KVWATCH, "record", url, "--out", rec, "--duration", cycle + 4, "--interval", "0.5"],
-                               tmp_path / "record.log", name="record").start()
+            recorder = Process(
+                [*KVWATCH, "record", url, "--out", rec, "--duration", cycle + 4, "--interval", "0.5"],
+                tmp_path / "record.log",
+                name="record",
+            ).start()
             assert recorder.wait(timeout=cycle + 60) == 0
             live = _report("--from", f"http://127.0.0.1:{kv_port}")
     want = _expected_order()

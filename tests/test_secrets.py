@@ -24,14 +24,20 @@ from tests.helpers.ports import free_port
 PASSWORD, QUERY_TOKEN, BEARER = "hunter2-pw", "s3cr3t-query", "tok-bearer-XYZ"
 
 
-@pytest.mark.parametrize("url, shown", [
-    ("http://user:pw@h:8000/metrics", "http://<secret>@h:8000/metrics"),
-    ("http://TOKEN@h/metrics", "http://<secret>@h/metrics"),
-    ("https://h/metrics?token=abc&x=1", "https://h/metrics?token=<secret>&x=1"),
-    ("https://h/m?Api_Key=abc&SIGNATURE=z&auth=&keep=key", "https://h/m?Api_Key=<secret>&SIGNATURE=<secret>&auth=<secret>&keep=key"),
-    ("http://h:1/metrics", "http://h:1/metrics"),
-    ("http://h/m?passwd=a%20b#frag", "http://h/m?passwd=<secret>#frag"),
-])
+@pytest.mark.parametrize(
+    "url, shown",
+    [
+        ("http://user:pw@h:8000/metrics", "http://<secret>@h:8000/metrics"),
+        ("http://TOKEN@h/metrics", "http://<secret>@h/metrics"),
+        ("https://h/metrics?token=abc&x=1", "https://h/metrics?token=<secret>&x=1"),
+        (
+            "https://h/m?Api_Key=abc&SIGNATURE=z&auth=&keep=key",
+            "https://h/m?Api_Key=<secret>&SIGNATURE=<secret>&auth=<secret>&keep=key",
+        ),
+        ("http://h:1/metrics", "http://h:1/metrics"),
+        ("http://h/m?passwd=a%20b#frag", "http://h/m?passwd=<secret>#frag"),
+    ],
+)
 def test_redacted_form_is_documented_and_stable(url, shown):
     assert redact_url(url) == shown == redact_url(url)
 
@@ -56,7 +62,9 @@ def test_targets_that_differ_only_in_credentials_are_refused():
 
 
 def test_the_log_filter_scrubs_other_libraries_records(caplog):
-    record = logging.LogRecord("httpx", logging.INFO, __file__, 1, "HTTP Request: GET %s", (f"http://u:{PASSWORD}@h/",), None)
+    record = logging.LogRecord(
+        "httpx", logging.INFO, __file__, 1, "HTTP Request: GET %s", (f"http://u:{PASSWORD}@h/",), None
+    )
     SecretFilter().filter(record)
     assert PASSWORD not in record.getMessage() and REDACTED in record.getMessage()
     # kvwatch's own lines name labels, and pass as written (a URL-shaped scan would take the comma for the
@@ -127,16 +135,30 @@ async def test_no_secret_in_any_output_through_success_failure_and_reconnect(tmp
         target = f"http://127.0.0.1:{up.port}/metrics?token={QUERY_TOKEN}&x=1"
         label = f"http://127.0.0.1:{up.port}/metrics?token=<secret>&x=1"
         port = free_port()
-        env = {**os.environ, "KVWATCH_TARGET": target, "KVWATCH_BEARER_TOKEN_FILE": str(token_file),
-               "KVWATCH_LOG_LEVEL": "debug", "KVWATCH_LISTEN": f"127.0.0.1:{port}", "KVWATCH_INTERVAL": "0.5",
-               "KVWATCH_LOG_FORMAT": log_format}
+        env = {
+            **os.environ,
+            "KVWATCH_TARGET": target,
+            "KVWATCH_BEARER_TOKEN_FILE": str(token_file),
+            "KVWATCH_LOG_LEVEL": "debug",
+            "KVWATCH_LISTEN": f"127.0.0.1:{port}",
+            "KVWATCH_INTERVAL": "0.5",
+            "KVWATCH_LOG_FORMAT": log_format,
+        }
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "kvwatch", "run", env=env,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True)
+            sys.executable,
+            "-m",
+            "kvwatch",
+            "run",
+            env=env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
+        )
         pages: list[str] = []
         base = f"http://127.0.0.1:{port}"
         try:
             async with httpx.AsyncClient() as c:
+
                 async def metrics_say(text):
                     body = await _get(c, base + "/metrics")
                     pages.append(body)
@@ -148,7 +170,7 @@ async def test_no_secret_in_any_output_through_success_failure_and_reconnect(tmp
                     body = await _get(c, base + "/metrics")
                     pages.append(body)
                     key = f'kvwatch_scrape_errors_total{{reason="http_status",target="{label}"}} '
-                    return any(line.startswith(key) and float(line[len(key):]) >= 1 for line in body.splitlines())
+                    return any(line.startswith(key) and float(line[len(key) :]) >= 1 for line in body.splitlines())
 
                 await _wait(lambda: metrics_say(f'kvwatch_up{{target="{label}"}} 1.0'), "a good scrape")
                 up.mode = "status"  # HTTP 500
@@ -192,8 +214,8 @@ async def _probe(url: str) -> bool:
 
 async def _kvwatch(*args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "kvwatch", *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        env=env)
+        sys.executable, "-m", "kvwatch", *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env
+    )
     out, err = await asyncio.wait_for(proc.communicate(), 60)
     return proc.returncode or 0, out.decode() + err.decode()
 
@@ -208,12 +230,14 @@ async def test_no_secret_in_diagnose_and_record_output(tmp_path):
     # cannot reach a reachable upstream still fails, as does one that prints a secret in any attempt.
     outputs = []
     debug = {**os.environ, "KVWATCH_LOG_LEVEL": "debug"}
-    runs = (["diagnose", "--duration", "3", "--json", "--interval", "0.5"],
-            ["diagnose", "--duration", "2", "--interval", "0.5"],
-            ["record", "--out", str(tmp_path / "rec"), "--duration", "2", "--interval", "0.5"])
+    runs = (
+        ["diagnose", "--duration", "3", "--json", "--interval", "0.5"],
+        ["diagnose", "--duration", "2", "--interval", "0.5"],
+        ["record", "--out", str(tmp_path / "rec"), "--duration", "2", "--interval", "0.5"],
+    )
     auth_headers: list[str | None] = []
     for args in runs:
-        for attempt in range(3):
+        for _attempt in range(3):
             with Upstream() as up:  # in a thread of its own: the test's loop cannot hold it up
                 up.serve_dir("kv_cache")
                 target = f"http://kv:{PASSWORD}@127.0.0.1:{up.port}/metrics?api_key={QUERY_TOKEN}"

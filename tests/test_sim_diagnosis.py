@@ -27,7 +27,6 @@ from tests.helpers.sim_judge import CASES, MAX_GAP_INTERVALS, Poll, judge, secon
 pytestmark = pytest.mark.slow  # real time: one kvwatch process and a simulator per preset for two minutes
 
 
-
 @dataclass
 class Observation:
     polls: dict[str, list[Poll]] = field(default_factory=dict)  # what this test read from /api/v1/diagnosis
@@ -60,9 +59,18 @@ def kvwatch_scrapes(doc: dict, sim: SimServer, pairs: list[tuple[float, float]],
     for i, t in enumerate(series["t"]):
         at = to_sim(t)
         start, phase = next(((s, n) for s, n in reversed(visits) if s <= at), visits[0])
-        out.append(Poll(at, phase, start, series["bottleneck"][i], series["requests_running"][i],
-                        series["requests_waiting"][i], series["kv_cache_usage_ratio"][i],
-                        series["preemptions_per_second"][i]))
+        out.append(
+            Poll(
+                at,
+                phase,
+                start,
+                series["bottleneck"][i],
+                series["requests_running"][i],
+                series["requests_waiting"][i],
+                series["kv_cache_usage_ratio"][i],
+                series["preemptions_per_second"][i],
+            )
+        )
     return out
 
 
@@ -84,8 +92,18 @@ async def _observe(tmp_path, presets: list[str]) -> Observation:
         # ports it already polls: every state is watched from its first simulated second.
         port, *preset_ports = free_ports(len(presets) + 1)  # all different (a serial run once drew one twice)
         ports = dict(zip(presets, preset_ports, strict=True))
-        args = [sys.executable, "-m", "kvwatch", "run", "--listen", f"127.0.0.1:{port}", "--interval", str(INTERVAL),
-                "--log-level", "warning"]
+        args = [
+            sys.executable,
+            "-m",
+            "kvwatch",
+            "run",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--interval",
+            str(INTERVAL),
+            "--log-level",
+            "warning",
+        ]
         for p in ports.values():
             args += ["--target", f"http://127.0.0.1:{p}/metrics"]
         env = {k: v for k, v in os.environ.items() if not k.startswith("KVWATCH_")}
@@ -96,8 +114,9 @@ async def _observe(tmp_path, presets: list[str]) -> Observation:
         async with httpx.AsyncClient(timeout=3.0) as client:
             for preset in presets:
                 speed = CASES[preset][0]
-                sims[preset] = await SimServer(preset, host="127.0.0.1", port=ports[preset], seed=11,
-                                               speed=speed).start()
+                sims[preset] = await SimServer(
+                    preset, host="127.0.0.1", port=ports[preset], seed=11, speed=speed
+                ).start()
             t0 = time.monotonic()
             while time.monotonic() - t0 < max(seconds(p) for p in presets):
                 await asyncio.sleep(1.0)
@@ -121,10 +140,19 @@ async def _observe(tmp_path, presets: list[str]) -> Observation:
                     clocks[preset].append((time.time(), st.now))
                     eng = (t.get("engines") or [{}])[0]
                     sig = eng.get("signals") or {}
-                    obs.polls[preset].append(Poll(
-                        st.now, st.phase_name, st.phase_start, t["bottleneck"], sig.get("requests_running"),
-                        sig.get("requests_waiting"), sig.get("kv_cache_usage_ratio"),
-                        sig.get("preemptions_per_second"), sig.get("engine_step_tokens")))
+                    obs.polls[preset].append(
+                        Poll(
+                            st.now,
+                            st.phase_name,
+                            st.phase_start,
+                            t["bottleneck"],
+                            sig.get("requests_running"),
+                            sig.get("requests_waiting"),
+                            sig.get("kv_cache_usage_ratio"),
+                            sig.get("preemptions_per_second"),
+                            sig.get("engine_step_tokens"),
+                        )
+                    )
             history = await _history(client, base, max(seconds(p) for p in presets) + 60)
             for preset, sim in sims.items():
                 sim.catch_up()
@@ -156,15 +184,19 @@ async def _history(client: httpx.AsyncClient, base: str, seconds: float) -> dict
 def observe_and_print(tmp_path_factory, presets: list[str]) -> Observation:
     obs = asyncio.run(_observe(tmp_path_factory.mktemp("diag"), presets))
     print(f"\npolls of kvwatch's API this test could not make: {obs.missed_polls}")
-    print("kvwatch's diagnosis of each preset (simulated time, phase, bottleneck, running, waiting, KV, "
-          "preemptions/s, tokens/step):")
+    print(
+        "kvwatch's diagnosis of each preset (simulated time, phase, bottleneck, running, waiting, KV, "
+        "preemptions/s, tokens/step):"
+    )
     for preset, polls in obs.scrapes.items():
         print(f"== {preset} ({len(obs.polls[preset])} polls of the API; kvwatch's successful scrapes:)")
         for p in polls:
             f = lambda v, fmt: "-" if v is None else format(v, fmt)  # noqa: E731
-            print(f"  t={p.sim_time:6.1f} {p.phase:13s} {p.bottleneck:13s} run={f(p.running, '.0f'):>3s} "
-                  f"wait={f(p.waiting, '.0f'):>3s} kv={f(p.kv, '.2f')} pre/s={f(p.preempt, '.1f')} "
-                  f"tok/step={f(p.step_tokens, '.0f')}")
+            print(
+                f"  t={p.sim_time:6.1f} {p.phase:13s} {p.bottleneck:13s} run={f(p.running, '.0f'):>3s} "
+                f"wait={f(p.waiting, '.0f'):>3s} kv={f(p.kv, '.2f')} pre/s={f(p.preempt, '.1f')} "
+                f"tok/step={f(p.step_tokens, '.0f')}"
+            )
     return obs
 
 
@@ -187,8 +219,10 @@ def assert_named(observation: Observation, preset: str) -> None:
     out = judge(preset, scrapes, speed, expected, interval=INTERVAL)
     assert out.judged + len(out.unjudged) >= len(expected), f"{preset}: only {out.judged} phase visits long enough"
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    assert out.judged, (f"{preset}: no visit judged, kvwatch's successful scrapes too far apart (over "
-                        f"{MAX_GAP_INTERVALS} intervals) in every one: {out.unjudged}; load average {load}")
+    assert out.judged, (
+        f"{preset}: no visit judged, kvwatch's successful scrapes too far apart (over "
+        f"{MAX_GAP_INTERVALS} intervals) in every one: {out.unjudged}; load average {load}"
+    )
     if out.unjudged:
         print(f"{preset}: {out.judged} visit(s) judged; not judged: {out.unjudged}")
 

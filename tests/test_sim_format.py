@@ -114,9 +114,12 @@ def test_a_busy_snapshot_has_the_capture_line_structure():
 
 
 def test_cache_config_info_has_the_real_label_set_and_values_for_the_same_flags():
-    real_line = next(l for l in (FIXTURES / "kv_cache" / "1796120560.003.prom").read_text().splitlines()
-                     if l.startswith("vllm:cache_config_info{"))
-    ours_line = next(l for l in simulated("kv_cache", 1.0).splitlines() if l.startswith("vllm:cache_config_info{"))
+    real_line = next(
+        ln
+        for ln in (FIXTURES / "kv_cache" / "1796120560.003.prom").read_text().splitlines()
+        if ln.startswith("vllm:cache_config_info{")
+    )
+    ours_line = next(ln for ln in simulated("kv_cache", 1.0).splitlines() if ln.startswith("vllm:cache_config_info{"))
     assert ours_line == real_line  # 64 blocks x 32, 8 MiB, 2048 tokens, max concurrency 2.0 at 1024
 
 
@@ -145,11 +148,17 @@ def test_lora_requests_info_matches_vllm_source_definition():
     fam = families(text)["vllm:lora_requests_info"]
     assert fam["type"] == "gauge"
     assert fam["help"] == "Running stats on lora requests."
-    assert fam["labels"] == {"vllm:lora_requests_info": {("max_lora", "running_lora_adapters", "waiting_lora_adapters")}}
-    values = [float(l.rsplit(" ", 1)[1]) for l in text.splitlines() if l.startswith("vllm:lora_requests_info{")]
+    assert fam["labels"] == {
+        "vllm:lora_requests_info": {("max_lora", "running_lora_adapters", "waiting_lora_adapters")}
+    }
+    values = [float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines() if ln.startswith("vllm:lora_requests_info{")]
     assert values and all(v > 1.6e9 for v in values)  # a unix timestamp
-    running = {m for l in text.splitlines() if l.startswith("vllm:lora_requests_info{")
-               for m in re.findall(r'running_lora_adapters="([^"]*)"', l)}
+    running = {
+        m
+        for ln in text.splitlines()
+        if ln.startswith("vllm:lora_requests_info{")
+        for m in re.findall(r'running_lora_adapters="([^"]*)"', ln)
+    }
     assert {a for r in running for a in r.split(",") if a} <= {"sql-lora", "chat-lora", "code-lora"}
     assert any(r for r in running), "no adapter ever ran"
 
@@ -181,7 +190,19 @@ def test_text_is_valid_exposition_and_every_line_ends_with_newline(version):
 
 def test_numbers_are_formatted_like_prometheus_client():
     rng = random.Random(7)
-    values = [0.0, 1.0, -1.0, 0.1, 2.5e-05, 1796120531.6861255, 771809280.0, 1e10, 12345678901234.5, math.inf, -math.inf]
+    values = [
+        0.0,
+        1.0,
+        -1.0,
+        0.1,
+        2.5e-05,
+        1796120531.6861255,
+        771809280.0,
+        1e10,
+        12345678901234.5,
+        math.inf,
+        -math.inf,
+    ]
     values += [rng.uniform(0, 1e12) * 10 ** rng.randint(-12, 6) for _ in range(3000)]
     for v in values:
         assert float_to_go(v) == floatToGoString(v), v
@@ -192,7 +213,7 @@ def test_version_0_10_exports_both_kv_usage_names_with_equal_values():
     text = simulated("kv_cache", 8.0, version="0.10")
 
     def value(name):
-        return [float(l.rsplit(" ", 1)[1]) for l in text.splitlines() if l.startswith(name + "{")]
+        return [float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines() if ln.startswith(name + "{")]
 
     kv, gpu = value("vllm:kv_cache_usage_perc"), value("vllm:gpu_cache_usage_perc")
     assert kv and kv == gpu and kv[0] > 0.5
@@ -205,15 +226,21 @@ def test_version_0_10_exports_both_kv_usage_names_with_equal_values():
 def test_version_v0_uses_v0_names_and_no_engine_label():
     text = simulated("kv_cache", 8.0, version="v0")
     fams = families(text)
-    for name in ("vllm:gpu_cache_usage_perc", "vllm:num_requests_swapped", "vllm:time_per_output_token_seconds",
-                 "vllm:gpu_prefix_cache_hit_rate", "vllm:num_requests_running", "vllm:num_preemptions_total"):
+    for name in (
+        "vllm:gpu_cache_usage_perc",
+        "vllm:num_requests_swapped",
+        "vllm:time_per_output_token_seconds",
+        "vllm:gpu_prefix_cache_hit_rate",
+        "vllm:num_requests_running",
+        "vllm:num_preemptions_total",
+    ):
         assert name in fams, name
     for gone in ("vllm:kv_cache_usage_perc", "vllm:inter_token_latency_seconds", "vllm:prefix_cache_queries_total"):
         assert gone not in fams
     assert "engine=" not in text
     assert "_created" not in text  # V0 served its registry in multiprocess mode
     assert not any(n.startswith(("python_", "process_")) for n in fams)
-    usage = [float(l.rsplit(" ", 1)[1]) for l in text.splitlines() if l.startswith("vllm:gpu_cache_usage_perc{")]
+    usage = [float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines() if ln.startswith("vllm:gpu_cache_usage_perc{")]
     assert usage and 0.5 < usage[0] <= 1.0
     assert list(text_string_to_metric_families(text))
 
@@ -228,10 +255,12 @@ def test_data_parallel_engines_get_their_own_engine_label_and_cache_config_serie
     sim = Simulator(load_scenario("kv_cache"), seed=1, engines=3)
     sim.advance_to(10.0)
     text = render(sim, "0.32")
-    running = re.findall(r'^vllm:num_requests_running\{engine="(\d+)",model_name="tiny-llama-dummy"\} (\S+)$', text, re.M)
+    running = re.findall(
+        r'^vllm:num_requests_running\{engine="(\d+)",model_name="tiny-llama-dummy"\} (\S+)$', text, re.M
+    )
     assert [e for e, _ in running] == ["0", "1", "2"]
     assert all(float(v) > 0 for _, v in running)  # the load balancer spread the work
     assert len(re.findall(r"^vllm:cache_config_info\{", text, re.M)) == 3
     # no duplicate series
-    series = [l.rsplit(" ", 1)[0] for l in text.splitlines() if not l.startswith("#")]
+    series = [ln.rsplit(" ", 1)[0] for ln in text.splitlines() if not ln.startswith("#")]
     assert len(series) == len(set(series))

@@ -39,7 +39,9 @@ def observe(preset: str, offset: float = 0.0) -> dict[bool, list[Poll]]:
             target.observe_body(sim.virtual_time, body)
             (engine,) = target.diagnose(sim.virtual_time).engines
             q = engine.signals.queue
-            polls[hinted].append(Poll(sim.now, sim.phase_name, sim.phase_start, engine.bottleneck, q.running, q.waiting))
+            polls[hinted].append(
+                Poll(sim.now, sim.phase_name, sim.phase_start, engine.bottleneck, q.running, q.waiting)
+            )
     return polls
 
 
@@ -97,9 +99,19 @@ def test_a_prefill_only_queue_at_low_kv_is_the_token_budget(hinted):
     requests/s, --max-num-batched-tokens 65000; Waiting grew constantly while Running sat at ~20 and KV at ~32 %,
     so a KV-usage signal never called it saturated. Here (Llama 3.1 8B's H100 preset with those flags and that
     load) prefill paces admission: token_budget, never kv_cache or a sequence ceiling, with KV well below half."""
-    sc = load_scenario("gpu_healthy", overrides={
-        "engine": {"max_num_batched_tokens": 65000},
-        "workload": {"rate": 8.0, "prompt_tokens": 6000, "output_tokens": 2, "ignore_eos": True, "max_outstanding": 5000}})
+    sc = load_scenario(
+        "gpu_healthy",
+        overrides={
+            "engine": {"max_num_batched_tokens": 65000},
+            "workload": {
+                "rate": 8.0,
+                "prompt_tokens": 6000,
+                "output_tokens": 2,
+                "ignore_eos": True,
+                "max_outstanding": 5000,
+            },
+        },
+    )
     cfg = sc.phases[0].engine
     hints = Hints(cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_model_len) if hinted else Hints()
     sim, target = Simulator(sc, seed=11, wall_start=1.8e9), Target("sim://662", hints=hints)
@@ -115,7 +127,9 @@ def test_a_prefill_only_queue_at_low_kv_is_the_token_budget(hinted):
 
 
 def _visit(times, names, start=10.0):
-    return [Poll(start - 1.0, "before", 0.0, "none")] + [Poll(start + t, "kv_cache", start, b) for t, b in zip(times, names, strict=True)]
+    return [Poll(start - 1.0, "before", 0.0, "none")] + [
+        Poll(start + t, "kv_cache", start, b) for t, b in zip(times, names, strict=True)
+    ]
 
 
 def test_the_judge_counts_lag_in_kvwatch_scrapes_and_leaves_sparse_visits_unjudged():
@@ -134,5 +148,7 @@ def test_the_judge_counts_lag_in_kvwatch_scrapes_and_leaves_sparse_visits_unjudg
     settled_wrong = on_time[:10] + ["none"] * 10
     with pytest.raises(AssertionError):
         judge("p", _visit([0.5 + i for i in range(20)], settled_wrong), 1.0, expected, interval=1.0)
-    gapped = judge("p", _visit([0.5, 1.5, 5.0] + [6.0 + i for i in range(17)], ["none"] * 20), 1.0, expected, interval=1.0)
+    gapped = judge(
+        "p", _visit([0.5, 1.5, 5.0] + [6.0 + i for i in range(17)], ["none"] * 20), 1.0, expected, interval=1.0
+    )
     assert gapped.judged == 0 and gapped.unjudged == ["kv_cache at 10.0 s: kvwatch's scrapes 3.5 s apart"]

@@ -49,20 +49,22 @@ def timeline(texts: list[tuple[float, str]]) -> list[dict]:
             dt = t - prev_t
             steps = v["vllm:iteration_tokens_total_count"] - prev["vllm:iteration_tokens_total_count"]
             toks = v["vllm:iteration_tokens_total_sum"] - prev["vllm:iteration_tokens_total_sum"]
-            rows.append({
-                "t": t,
-                "running": v["vllm:num_requests_running"],
-                "waiting": v["vllm:num_requests_waiting"],
-                "kv": v["vllm:kv_cache_usage_perc"],
-                "preempt_rate": (v["vllm:num_preemptions_total"] - prev["vllm:num_preemptions_total"]) / dt,
-                "prompt_rate": (v["vllm:prompt_tokens_total"] - prev["vllm:prompt_tokens_total"]) / dt,
-                "gen_rate": (v["vllm:generation_tokens_total"] - prev["vllm:generation_tokens_total"]) / dt,
-                "tok_per_step": toks / steps if steps else 0.0,
-                "hits": v["vllm:prefix_cache_hits_total"] - prev["vllm:prefix_cache_hits_total"],
-                "queries": v["vllm:prefix_cache_queries_total"] - prev["vllm:prefix_cache_queries_total"],
-                "preemptions": v["vllm:num_preemptions_total"],
-                "success": v["vllm:request_success_total"],
-            })
+            rows.append(
+                {
+                    "t": t,
+                    "running": v["vllm:num_requests_running"],
+                    "waiting": v["vllm:num_requests_waiting"],
+                    "kv": v["vllm:kv_cache_usage_perc"],
+                    "preempt_rate": (v["vllm:num_preemptions_total"] - prev["vllm:num_preemptions_total"]) / dt,
+                    "prompt_rate": (v["vllm:prompt_tokens_total"] - prev["vllm:prompt_tokens_total"]) / dt,
+                    "gen_rate": (v["vllm:generation_tokens_total"] - prev["vllm:generation_tokens_total"]) / dt,
+                    "tok_per_step": toks / steps if steps else 0.0,
+                    "hits": v["vllm:prefix_cache_hits_total"] - prev["vllm:prefix_cache_hits_total"],
+                    "queries": v["vllm:prefix_cache_queries_total"] - prev["vllm:prefix_cache_queries_total"],
+                    "preemptions": v["vllm:num_preemptions_total"],
+                    "success": v["vllm:request_success_total"],
+                }
+            )
         prev_t, prev = t, v
     return rows
 
@@ -87,16 +89,35 @@ def busy(rows):
 
 def bench(preset: str, prompt: int, output: int, n: int, rate: float = 0.0, prefix: int = 0):
     """The preset's server flags under the capture's `vllm bench serve` load."""
-    wl = {"rate": rate, "burst": 0 if rate else n, "max_outstanding": None, "prompt_tokens": prompt,
-          "output_tokens": output, "ignore_eos": True, "prefix_tokens": prefix}
+    wl = {
+        "rate": rate,
+        "burst": 0 if rate else n,
+        "max_outstanding": None,
+        "prompt_tokens": prompt,
+        "output_tokens": output,
+        "ignore_eos": True,
+        "prefix_tokens": prefix,
+    }
     sc = load_scenario(preset, overrides={"workload": wl})
     if rate:
         # a finite benchmark: n requests, then nothing (the phase ends after ~n/rate seconds)
-        doc = {"name": preset, "engine": {k: getattr(sc.engine, k) for k in
-                                          ("model_name", "block_size", "num_gpu_blocks", "max_model_len",
-                                           "max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching")},
-               "workload": wl,
-               "phases": [{"name": "bench", "duration_s": n / rate}, {"name": "after", "workload": {"rate": 0.0}}]}
+        doc = {
+            "name": preset,
+            "engine": {
+                k: getattr(sc.engine, k)
+                for k in (
+                    "model_name",
+                    "block_size",
+                    "num_gpu_blocks",
+                    "max_model_len",
+                    "max_num_seqs",
+                    "max_num_batched_tokens",
+                    "enable_prefix_caching",
+                )
+            },
+            "workload": wl,
+            "phases": [{"name": "bench", "duration_s": n / rate}, {"name": "after", "workload": {"rate": 0.0}}],
+        }
         sc = parse_scenario(doc)
     return sc
 
@@ -113,9 +134,11 @@ def test_kv_cache_capture_settings_hold_running_small_and_preempt_like_real_vllm
 
     real_run = [r["running"] for r in real if r["running"] > 0]
     our_run = [r["running"] for r in ours]
-    print(f"\nrunning while waiting: real {min(real_run):.0f}-{max(real_run):.0f} "
-          f"(median {statistics.median(real_run)}), sim {min(our_run):.0f}-{max(our_run):.0f} "
-          f"(median {statistics.median(our_run)})")
+    print(
+        f"\nrunning while waiting: real {min(real_run):.0f}-{max(real_run):.0f} "
+        f"(median {statistics.median(real_run)}), sim {min(our_run):.0f}-{max(our_run):.0f} "
+        f"(median {statistics.median(our_run)})"
+    )
     assert min(real_run) <= statistics.median(our_run) <= max(real_run)
     assert min(real_run) - 1 <= min(our_run) and max(our_run) <= max(real_run) + 1
     assert max(our_run) < 16  # far below max_num_seqs: the KV cache binds, not the sequence ceiling
@@ -128,8 +151,10 @@ def test_kv_cache_capture_settings_hold_running_small_and_preempt_like_real_vllm
 
     real_pre = [r["preempt_rate"] for r in real]
     our_pre = [r["preempt_rate"] for r in ours]
-    print(f"preemptions/s: real {min(real_pre):.1f}-{max(real_pre):.1f} (total {real[-1]['preemptions']:.0f}), "
-          f"sim {min(our_pre):.1f}-{max(our_pre):.1f} (total {sim_rows[-1]['preemptions']:.0f})")
+    print(
+        f"preemptions/s: real {min(real_pre):.1f}-{max(real_pre):.1f} (total {real[-1]['preemptions']:.0f}), "
+        f"sim {min(our_pre):.1f}-{max(our_pre):.1f} (total {sim_rows[-1]['preemptions']:.0f})"
+    )
     assert statistics.median(our_pre) >= 1.0 and max(our_pre) <= 2 * max(real_pre)
     assert 0.5 * real[-1]["preemptions"] <= sim_rows[-1]["preemptions"] <= 1.5 * real[-1]["preemptions"]
 
@@ -181,9 +206,11 @@ def test_token_budget_capture_settings_fill_every_step_to_about_250_tokens():
     ours = busy(sim_timeline(bench("token_budget", 1800, 30, 60), 20))
     real_tps = statistics.median(r["tok_per_step"] for r in real)
     our_tps = statistics.median(r["tok_per_step"] for r in ours)
-    print(f"\ntokens per step: real {real_tps:.0f}, sim {our_tps:.0f}; running real "
-          f"{statistics.median(r['running'] for r in real)}, sim {statistics.median(r['running'] for r in ours)}; "
-          f"KV real {statistics.median(r['kv'] for r in real):.3f}, sim {statistics.median(r['kv'] for r in ours):.3f}")
+    print(
+        f"\ntokens per step: real {real_tps:.0f}, sim {our_tps:.0f}; running real "
+        f"{statistics.median(r['running'] for r in real)}, sim {statistics.median(r['running'] for r in ours)}; "
+        f"KV real {statistics.median(r['kv'] for r in real):.3f}, sim {statistics.median(r['kv'] for r in ours):.3f}"
+    )
     assert 230 <= our_tps <= 290 and 230 <= real_tps <= 290
     assert abs(statistics.median(r["running"] for r in ours) - statistics.median(r["running"] for r in real)) <= 1
     assert abs(statistics.median(r["kv"] for r in ours) - statistics.median(r["kv"] for r in real)) < 0.03
@@ -196,10 +223,20 @@ def test_prefix_caching_hit_rate_matches_the_none_prefix_cache_capture():
     # --max-num-seqs 32; 50 x (200 shared prefix + 100 + 80) Poisson 4 req/s
     real = real_timeline("none_prefix_cache")
     sc = bench("healthy", 100, 80, 50, rate=4.0, prefix=200)
-    sc = parse_scenario({"name": "b", "engine": {"block_size": 32, "num_gpu_blocks": 1024, "max_model_len": 1024,
-                                                 "max_num_seqs": 32, "max_num_batched_tokens": 4096},
-                         "workload": {"rate": 4.0, "prompt_tokens": 100, "output_tokens": 80, "prefix_tokens": 200},
-                         "phases": [{"name": "bench", "duration_s": 12.5}, {"name": "after", "workload": {"rate": 0}}]})
+    sc = parse_scenario(
+        {
+            "name": "b",
+            "engine": {
+                "block_size": 32,
+                "num_gpu_blocks": 1024,
+                "max_model_len": 1024,
+                "max_num_seqs": 32,
+                "max_num_batched_tokens": 4096,
+            },
+            "workload": {"rate": 4.0, "prompt_tokens": 100, "output_tokens": 80, "prefix_tokens": 200},
+            "phases": [{"name": "bench", "duration_s": 12.5}, {"name": "after", "workload": {"rate": 0}}],
+        }
+    )
     ours = sim_timeline(sc, 25)
     ratio = lambda rows: sum(r["hits"] for r in rows) / sum(r["queries"] for r in rows)  # noqa: E731
     print(f"\nprefix-cache hit ratio: real {ratio(real):.3f}, sim {ratio(ours):.3f}")
@@ -212,8 +249,17 @@ def test_prefix_caching_hit_rate_matches_the_none_prefix_cache_capture():
 
 def _engine(**kw) -> Engine:
     st = StepTime(jitter=0.0)
-    cfg = EngineConfig(**{"block_size": 16, "num_gpu_blocks": 11, "max_model_len": 160, "max_num_seqs": 8,
-                          "max_num_batched_tokens": 1000, "step_time": st, **kw})
+    cfg = EngineConfig(
+        **{
+            "block_size": 16,
+            "num_gpu_blocks": 11,
+            "max_model_len": 160,
+            "max_num_seqs": 8,
+            "max_num_batched_tokens": 1000,
+            "step_time": st,
+            **kw,
+        }
+    )
     import random
 
     return Engine(0, cfg, random.Random(0), 0.0)
@@ -268,8 +314,7 @@ def test_kv_usage_never_exceeds_one_and_blocks_balance():
     e = sim.engines[0]
     for k in range(1, 200):
         sim.advance_to(k * 0.1)
-        held = sum(r.blocks for r in e.running) + sum(
-            run.nblocks for run in e.runs.values() if run.refs > 0)
+        held = sum(r.blocks for r in e.running) + sum(run.nblocks for run in e.runs.values() if run.refs > 0)
         assert held + e.free == e.usable
         assert 0.0 <= e.stats.kv_usage <= 1.0
         assert all(r.blocks == 0 and not r.runs for r in e.waiting)
@@ -307,7 +352,7 @@ def test_stalled_engine_freezes_every_series_while_requests_are_present():
     frozen = render(sim)
     sim.advance_to(30.0)
     later = render(sim)
-    vllm = lambda t: [l for l in t.splitlines() if l.startswith("vllm:")]  # noqa: E731
+    vllm = lambda t: [ln for ln in t.splitlines() if ln.startswith("vllm:")]  # noqa: E731
     assert vllm(frozen) == vllm(later)
     v = values(later)
     assert v["vllm:num_requests_running"] > 0
@@ -327,8 +372,11 @@ def test_n_parallel_samples_share_the_prompt_through_the_prefix_cache():
     # Siblings admitted in the same step all compute the prompt (nothing is cached yet, as in vLLM);
     # with a 512-token budget a 640-token prompt spans two steps, so the 3rd and 4th sibling are
     # admitted after the 1st has cached it and hit all but the last block.
-    doc = {"name": "n", "engine": {"num_gpu_blocks": 2048, "max_model_len": 2048, "max_num_batched_tokens": 512},
-           "workload": {"rate": 2.0, "prompt_tokens": 640, "output_tokens": 50, "n": 4}}
+    doc = {
+        "name": "n",
+        "engine": {"num_gpu_blocks": 2048, "max_model_len": 2048, "max_num_batched_tokens": 512},
+        "workload": {"rate": 2.0, "prompt_tokens": 640, "output_tokens": 50, "n": 4},
+    }
     sim = Simulator(parse_scenario(doc), seed=1)
     sim.advance_to(30.0)
     s = sim.engines[0].stats
@@ -357,52 +405,66 @@ def test_scenario_files_are_validated_with_the_field_named(tmp_path):
 _LORA = {"lora_adapters": ["a"], "lora_fraction": 0.5}
 
 
-@pytest.mark.parametrize("doc, path", [
-    ({"bogus": 1}, "bogus"),
-    ({"name": ""}, "name"),
-    ({"description": 3}, "description"),
-    ({"engines": True}, "engines"),  # a JSON true is not the number 1
-    ({"loop": 1}, "loop"),
-    ({"loop": True, "phases": [{"name": "a"}]}, "loop"),
-    ({"engine": 3}, "engine"),
-    ({"engine": {"block_size": 2.0}}, "engine.block_size"),  # 2.0 is not an integer
-    ({"engine": {"num_gpu_blocks": 1}}, "engine.num_gpu_blocks"),
-    ({"engine": {"gpu_memory_utilization": 0}}, "engine.gpu_memory_utilization"),
-    ({"engine": {"model_name": ""}}, "engine.model_name"),
-    ({"engine": {"enable_prefix_caching": 1}}, "engine.enable_prefix_caching"),
-    ({"engine": {"step_time": {"jitter": -1}}}, "engine.step_time.jitter"),
-    ({"engine": {"step_time": {"jiter": 0}}}, "engine.step_time.jiter"),
-    ({"engine": {"step_time": {"base_s": 0, "per_token_s": 0}}}, "engine.step_time"),
-    ({"workload": {"rate": "fast"}}, "workload.rate"),
-    ({"workload": {"burst": 1.5}}, "workload.burst"),
-    ({"workload": {"max_outstanding": 0}}, "workload.max_outstanding"),
-    ({"workload": {"ignore_eos": "no"}}, "workload.ignore_eos"),
-    ({"workload": {"prompt_tokens": 0}}, "workload.prompt_tokens"),
-    ({"workload": {"prompt_tokens": True}}, "workload.prompt_tokens"),
-    ({"workload": {"prompt_tokens": {"dist": "zipf"}}}, "workload.prompt_tokens"),
-    ({"workload": {"prompt_tokens": {"dist": "fixed", "value": 3, "min": 1}}}, "workload.prompt_tokens.min"),
-    ({"workload": {"output_tokens": {"dist": "uniform", "min": 5}}}, "workload.output_tokens.max"),
-    ({"workload": {"output_tokens": {"dist": "uniform", "min": "1", "max": 5}}}, "workload.output_tokens.min"),
-    ({"workload": {"output_tokens": {"dist": "normal", "mean": 5, "std": 1, "min": 9, "max": 3}}},
-     "workload.output_tokens"),
-    ({"workload": {"output_tokens": {"dist": "lognormal", "mean": 5, "sigma": -1}}}, "workload.output_tokens.sigma"),
-    ({"workload": {"lora_adapters": ["a", ""]}}, "workload.lora_adapters[1]"),
-    ({"workload": {"lora_adapters": ["a", "a"]}}, "workload.lora_adapters"),
-    ({"workload": {"lora_fraction": 0.5}}, "workload.lora_fraction"),
-    ({"workload": {"shared_prefix_fraction": 0.5, "prefix_tokens": 3}}, "workload"),
-    ({"phases": {}}, "phases"),
-    ({"phases": []}, "phases"),
-    ({"phases": [3]}, "phases[0]"),
-    ({"phases": [{"duration_s": True}]}, "phases[0].duration_s"),
-    ({"phases": [{"stalled": "yes"}]}, "phases[0].stalled"),
-    ({"phases": [{"nam": "x"}]}, "phases[0].nam"),
-    ({"phases": [{"name": "a", "duration_s": 5}, {"workload": {"rate": -1}}]}, "phases[1].workload.rate"),
-    ({"phases": [{"engine": {"num_gpu_blocks": 9}}]}, "phases[0].engine.num_gpu_blocks"),
-    ({"phases": [{"engine": {"step_time": {"jitter": "x"}}}]}, "phases[0].engine.step_time.jitter"),
-    ({"workload": _LORA}, "phases[0]"),
-    ({"engine": {"max_loras": 1}, "workload": _LORA,
-      "phases": [{"duration_s": 1}, {"engine": {"max_loras": 0}, "workload": {"lora_fraction": 0}}]}, "engine.max_loras"),
-])
+@pytest.mark.parametrize(
+    "doc, path",
+    [
+        ({"bogus": 1}, "bogus"),
+        ({"name": ""}, "name"),
+        ({"description": 3}, "description"),
+        ({"engines": True}, "engines"),  # a JSON true is not the number 1
+        ({"loop": 1}, "loop"),
+        ({"loop": True, "phases": [{"name": "a"}]}, "loop"),
+        ({"engine": 3}, "engine"),
+        ({"engine": {"block_size": 2.0}}, "engine.block_size"),  # 2.0 is not an integer
+        ({"engine": {"num_gpu_blocks": 1}}, "engine.num_gpu_blocks"),
+        ({"engine": {"gpu_memory_utilization": 0}}, "engine.gpu_memory_utilization"),
+        ({"engine": {"model_name": ""}}, "engine.model_name"),
+        ({"engine": {"enable_prefix_caching": 1}}, "engine.enable_prefix_caching"),
+        ({"engine": {"step_time": {"jitter": -1}}}, "engine.step_time.jitter"),
+        ({"engine": {"step_time": {"jiter": 0}}}, "engine.step_time.jiter"),
+        ({"engine": {"step_time": {"base_s": 0, "per_token_s": 0}}}, "engine.step_time"),
+        ({"workload": {"rate": "fast"}}, "workload.rate"),
+        ({"workload": {"burst": 1.5}}, "workload.burst"),
+        ({"workload": {"max_outstanding": 0}}, "workload.max_outstanding"),
+        ({"workload": {"ignore_eos": "no"}}, "workload.ignore_eos"),
+        ({"workload": {"prompt_tokens": 0}}, "workload.prompt_tokens"),
+        ({"workload": {"prompt_tokens": True}}, "workload.prompt_tokens"),
+        ({"workload": {"prompt_tokens": {"dist": "zipf"}}}, "workload.prompt_tokens"),
+        ({"workload": {"prompt_tokens": {"dist": "fixed", "value": 3, "min": 1}}}, "workload.prompt_tokens.min"),
+        ({"workload": {"output_tokens": {"dist": "uniform", "min": 5}}}, "workload.output_tokens.max"),
+        ({"workload": {"output_tokens": {"dist": "uniform", "min": "1", "max": 5}}}, "workload.output_tokens.min"),
+        (
+            {"workload": {"output_tokens": {"dist": "normal", "mean": 5, "std": 1, "min": 9, "max": 3}}},
+            "workload.output_tokens",
+        ),
+        (
+            {"workload": {"output_tokens": {"dist": "lognormal", "mean": 5, "sigma": -1}}},
+            "workload.output_tokens.sigma",
+        ),
+        ({"workload": {"lora_adapters": ["a", ""]}}, "workload.lora_adapters[1]"),
+        ({"workload": {"lora_adapters": ["a", "a"]}}, "workload.lora_adapters"),
+        ({"workload": {"lora_fraction": 0.5}}, "workload.lora_fraction"),
+        ({"workload": {"shared_prefix_fraction": 0.5, "prefix_tokens": 3}}, "workload"),
+        ({"phases": {}}, "phases"),
+        ({"phases": []}, "phases"),
+        ({"phases": [3]}, "phases[0]"),
+        ({"phases": [{"duration_s": True}]}, "phases[0].duration_s"),
+        ({"phases": [{"stalled": "yes"}]}, "phases[0].stalled"),
+        ({"phases": [{"nam": "x"}]}, "phases[0].nam"),
+        ({"phases": [{"name": "a", "duration_s": 5}, {"workload": {"rate": -1}}]}, "phases[1].workload.rate"),
+        ({"phases": [{"engine": {"num_gpu_blocks": 9}}]}, "phases[0].engine.num_gpu_blocks"),
+        ({"phases": [{"engine": {"step_time": {"jitter": "x"}}}]}, "phases[0].engine.step_time.jitter"),
+        ({"workload": _LORA}, "phases[0]"),
+        (
+            {
+                "engine": {"max_loras": 1},
+                "workload": _LORA,
+                "phases": [{"duration_s": 1}, {"engine": {"max_loras": 0}, "workload": {"lora_fraction": 0}}],
+            },
+            "engine.max_loras",
+        ),
+    ],
+)
 def test_each_bad_field_is_named_by_its_path_in_one_line(doc, path):
     with pytest.raises(ScenarioError) as e:
         parse_scenario(doc)
@@ -411,18 +473,38 @@ def test_each_bad_field_is_named_by_its_path_in_one_line(doc, path):
 
 
 def test_phases_override_the_scenario_key_by_key():
-    sc = parse_scenario({
-        "engine": {"step_time": {"jitter": 0.0, "per_seq_s": 0.001}},
-        "workload": {"rate": 2, "prompt_tokens": 400, "shared_prefix_fraction": 0.5},
-        "phases": [{"duration_s": 1, "engine": {"step_time": {"base_s": 0.01}}, "workload": {"prompt_tokens": 1000}},
-                   {"workload": {"shared_prefix_fraction": 0.25, "prompt_tokens": {"dist": "uniform", "min": 100, "max": 300}}}]})
+    sc = parse_scenario(
+        {
+            "engine": {"step_time": {"jitter": 0.0, "per_seq_s": 0.001}},
+            "workload": {"rate": 2, "prompt_tokens": 400, "shared_prefix_fraction": 0.5},
+            "phases": [
+                {"duration_s": 1, "engine": {"step_time": {"base_s": 0.01}}, "workload": {"prompt_tokens": 1000}},
+                {
+                    "workload": {
+                        "shared_prefix_fraction": 0.25,
+                        "prompt_tokens": {"dist": "uniform", "min": 100, "max": 300},
+                    }
+                },
+            ],
+        }
+    )
     first, second = sc.phases
-    assert first.engine.step_time.model_dump() == {"base_s": 0.01, "per_token_s": 0.000061, "per_seq_s": 0.001,
-                                                    "per_context_token_s": 0.0, "jitter": 0.0}
+    assert first.engine.step_time.model_dump() == {
+        "base_s": 0.01,
+        "per_token_s": 0.000061,
+        "per_seq_s": 0.001,
+        "per_context_token_s": 0.0,
+        "jitter": 0.0,
+    }
     # The scenario's fraction made a 200-token prefix; the phase keeps it and replaces the random part.
-    assert (first.workload.rate, first.workload.prefix_tokens, first.workload.prompt_tokens.expected) == (2.0, 200, 1000)
+    assert (first.workload.rate, first.workload.prefix_tokens, first.workload.prompt_tokens.expected) == (
+        2.0,
+        200,
+        1000,
+    )
     assert second.name == "phase1"
     assert (second.workload.prefix_tokens, second.workload.prompt_tokens.expected) == (50, 150)
+
 
 def test_tour_visits_every_phase_in_order_and_loops():
     sc = load_scenario("tour")
@@ -437,7 +519,7 @@ def test_tour_visits_every_phase_in_order_and_loops():
 
 
 def _vllm_lines(text: str) -> list[str]:
-    return [l for l in text.splitlines() if l.startswith("vllm:")]
+    return [ln for ln in text.splitlines() if ln.startswith("vllm:")]
 
 
 def test_same_seed_same_metrics_whatever_the_advance_granularity():
@@ -461,9 +543,19 @@ def test_speed_one_simulated_second_with_256_running_requests():
     Not a timed assertion (the figure is printed; run with -s to see it): the KV cache is scaled so
     that ~256 requests of the capture's 250-in/250-out load fit, and the load is scaled to keep it full.
     """
-    sc = load_scenario("kv_cache", overrides={
-        "engine": {"num_gpu_blocks": 3300, "max_num_seqs": 512},
-        "workload": {"burst": 300, "rate": 40.0, "max_outstanding": 600, "prompt_tokens": 250, "output_tokens": 250}})
+    sc = load_scenario(
+        "kv_cache",
+        overrides={
+            "engine": {"num_gpu_blocks": 3300, "max_num_seqs": 512},
+            "workload": {
+                "burst": 300,
+                "rate": 40.0,
+                "max_outstanding": 600,
+                "prompt_tokens": 250,
+                "output_tokens": 250,
+            },
+        },
+    )
     sim = Simulator(sc, seed=1)
     sim.advance_to(5.0)
     costs, running = [], []
@@ -474,8 +566,10 @@ def test_speed_one_simulated_second_with_256_running_requests():
         costs.append(time.perf_counter() - t0)
         render(sim)
     mean_running = statistics.mean(running)
-    print(f"\nkv_cache with 3300 KV blocks: mean running {mean_running:.0f} (max {max(running)}), "
-          f"{sim.engines[0].stats.preemptions} preemptions; one simulated second costs "
-          f"mean {1000 * statistics.mean(costs):.1f} ms, max {1000 * max(costs):.1f} ms of CPU")
+    print(
+        f"\nkv_cache with 3300 KV blocks: mean running {mean_running:.0f} (max {max(running)}), "
+        f"{sim.engines[0].stats.preemptions} preemptions; one simulated second costs "
+        f"mean {1000 * statistics.mean(costs):.1f} ms, max {1000 * max(costs):.1f} ms of CPU"
+    )
     assert 200 <= mean_running <= 330
     assert sim.engines[0].stats.preemptions > 0 and sim.engines[0].stats.kv_usage > 0.4

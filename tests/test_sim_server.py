@@ -44,7 +44,10 @@ async def test_sim_server_serves_vllm_metrics_and_its_endpoints():
             text = r.text
             assert text.endswith("\n")
             assert {f.name for f in text_string_to_metric_families(text)} >= {
-                "vllm:num_requests_running", "vllm:kv_cache_usage_perc", "vllm:num_preemptions"}
+                "vllm:num_requests_running",
+                "vllm:kv_cache_usage_perc",
+                "vllm:num_preemptions",
+            }
             # KV-bound, as the preset says. Like real vLLM's samples, its KV usage dips below 0.5 for a moment
             # now and then (~4 % of simulated time after 4 s; a loaded machine serves this read seconds of
             # simulated time later): one read of a few shows the state, a wrong preset or an empty body none.
@@ -52,8 +55,9 @@ async def test_sim_server_serves_vllm_metrics_and_its_endpoints():
             for _ in range(9):
                 await asyncio.sleep(0.05)
                 bodies.append((await c.get(sim.url)).text)
-            bound = [(_gauge(b, "vllm:num_requests_waiting")[0], _gauge(b, "vllm:kv_cache_usage_perc")[0])
-                     for b in bodies]
+            bound = [
+                (_gauge(b, "vllm:num_requests_waiting")[0], _gauge(b, "vllm:kv_cache_usage_perc")[0]) for b in bodies
+            ]
             assert any(w > 10 and kv > 0.5 for w, kv in bound), bound
 
             z = await c.get(sim.url, headers={"Accept-Encoding": "gzip"})
@@ -83,7 +87,7 @@ async def test_background_task_drives_the_simulation_and_switches_phases():
             frozen = (await c.get(sim.url)).text
             await asyncio.sleep(0.5)
             later = (await c.get(sim.url)).text
-        vllm = lambda t: [l for l in t.splitlines() if l.startswith("vllm:")]  # noqa: E731
+        vllm = lambda t: [ln for ln in t.splitlines() if ln.startswith("vllm:")]  # noqa: E731
         assert vllm(frozen) == vllm(later)  # a stalled engine publishes nothing
         assert _gauge(later, "vllm:num_requests_running")[0] > 0
         assert sim.phase == "stalled"
@@ -118,10 +122,15 @@ async def test_engines_and_metrics_versions_over_http():
 
 async def test_scenario_file_is_served(tmp_path):
     f = tmp_path / "mine.json"
-    f.write_text(json.dumps({
-        "name": "mine", "engine": {"model_name": "my-model", "num_gpu_blocks": 256, "max_num_seqs": 4},
-        "workload": {"rate": 20.0, "prompt_tokens": 100, "output_tokens": 50},
-    }))
+    f.write_text(
+        json.dumps(
+            {
+                "name": "mine",
+                "engine": {"model_name": "my-model", "num_gpu_blocks": 256, "max_num_seqs": 4},
+                "workload": {"rate": 20.0, "prompt_tokens": 100, "output_tokens": 50},
+            }
+        )
+    )
     async with SimServer(scenario=None, scenario_file=f, port=0, speed=4.0) as sim:
         await _wait_for(lambda: sim.sim_time > 3.0)
         async with httpx.AsyncClient() as c:
@@ -137,8 +146,13 @@ async def test_scenario_file_is_served(tmp_path):
 
 def _start_cli(*args: str) -> tuple[Process, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVWATCH_")}
-    proc = Process([sys.executable, "-m", "kvwatch", "sim", *args], stdout=subprocess.PIPE,
-                   stderr=subprocess.PIPE, text=True, env=env).start()
+    proc = Process(
+        [sys.executable, "-m", "kvwatch", "sim", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    ).start()
     line = proc.proc.stdout.readline()
     m = re.search(r"(http://\S+/metrics)", line)
     if not m:
@@ -178,18 +192,21 @@ def test_cli_duration_ends_it():
         proc.stop()
 
 
-@pytest.mark.parametrize("args, named", [
-    (["--speed", "0"], "speed"),
-    (["--speed", "fast"], "speed"),
-    (["--scenario", "nope"], "nope"),
-    (["--metrics-version", "v9"], "metrics-version"),
-    (["--engines", "2", "--metrics-version", "v0"], "engines"),
-    (["--engines", "0"], "engines"),
-    (["--port", "70000"], "port"),
-    (["--scenario-file", "/nonexistent/x.json"], "scenario-file"),
-    (["--scenario", "idle", "--scenario-file", "x.json"], "scenario-file"),
-    (["--bogus"], "--bogus"),
-])
+@pytest.mark.parametrize(
+    "args, named",
+    [
+        (["--speed", "0"], "speed"),
+        (["--speed", "fast"], "speed"),
+        (["--scenario", "nope"], "nope"),
+        (["--metrics-version", "v9"], "metrics-version"),
+        (["--engines", "2", "--metrics-version", "v0"], "engines"),
+        (["--engines", "0"], "engines"),
+        (["--port", "70000"], "port"),
+        (["--scenario-file", "/nonexistent/x.json"], "scenario-file"),
+        (["--scenario", "idle", "--scenario-file", "x.json"], "scenario-file"),
+        (["--bogus"], "--bogus"),
+    ],
+)
 def test_cli_bad_setting_exits_2_with_one_line_naming_it(args, named, capsys):
     assert sim_main(args) == 2
     err = capsys.readouterr().err

@@ -60,11 +60,29 @@ A11Y = (Path(__file__).parent / "helpers" / "a11y.js").read_text()
 def stack():
     sim_port, kv_port = free_ports(2)
     logs = ARTIFACTS / "logs"
-    sim = Process([*KVWATCH, "sim", "--scenario", "tour", "--port", sim_port, "--speed", "4", "--seed", "1"],
-                  logs / "sim.log", name="simulator").start()
-    kv = Process([*KVWATCH, "run", "--target", f"http://127.0.0.1:{sim_port}/metrics", "--listen",
-                  f"127.0.0.1:{kv_port}", "--interval", "0.5", "--window", "3", "--stale-after", "3"],
-                 logs / "kvwatch.log", name="kvwatch").start()
+    sim = Process(
+        [*KVWATCH, "sim", "--scenario", "tour", "--port", sim_port, "--speed", "4", "--seed", "1"],
+        logs / "sim.log",
+        name="simulator",
+    ).start()
+    kv = Process(
+        [
+            *KVWATCH,
+            "run",
+            "--target",
+            f"http://127.0.0.1:{sim_port}/metrics",
+            "--listen",
+            f"127.0.0.1:{kv_port}",
+            "--interval",
+            "0.5",
+            "--window",
+            "3",
+            "--stale-after",
+            "3",
+        ],
+        logs / "kvwatch.log",
+        name="kvwatch",
+    ).start()
     browser = Browser(logs)
     try:
         sim.wait_for_url(f"http://127.0.0.1:{sim_port}/metrics", timeout=60)
@@ -73,8 +91,13 @@ def stack():
         page = browser.new_page()
         page.set_viewport(*DESKTOP)
         page.goto(f"http://127.0.0.1:{kv_port}/")
-        yield {"sim": sim, "kv": kv, "page": page, "base": f"http://127.0.0.1:{kv_port}",
-               "sim_url": f"http://127.0.0.1:{sim_port}/metrics"}
+        yield {
+            "sim": sim,
+            "kv": kv,
+            "page": page,
+            "base": f"http://127.0.0.1:{kv_port}",
+            "sim_url": f"http://127.0.0.1:{sim_port}/metrics",
+        }
     finally:
         browser.stop()
         kv.stop()
@@ -120,7 +143,9 @@ def test_every_chart_has_points_and_the_kv_thresholds(stack):
     def charts_filled():
         charts = {c["chart"]: c for c in page.evaluate(READ_CHARTS)}
         lines = [c for k, c in charts.items() if k != "bottleneck"]
-        if len(lines) == 5 and all(p["points"] >= 5 for c in lines for p in c["paths"] if p["series"] != "max_num_seqs"):
+        if len(lines) == 5 and all(
+            p["points"] >= 5 for c in lines for p in c["paths"] if p["series"] != "max_num_seqs"
+        ):
             return charts
         return None
 
@@ -129,9 +154,15 @@ def test_every_chart_has_points_and_the_kv_thresholds(stack):
     for c in charts.values():
         for p in c["paths"]:
             assert p["coords"] == p["points"], c  # the attribute says what the path draws
-    assert {p["series"] for p in charts["tokens"]["paths"]} == {"prompt_tokens_per_second", "generation_tokens_per_second"}
+    assert {p["series"] for p in charts["tokens"]["paths"]} == {
+        "prompt_tokens_per_second",
+        "generation_tokens_per_second",
+    }
     th = Thresholds()
-    assert charts["kv"]["thresholds"] == [f"admission stall {th.admission_stall:.0%}", f"preemption {th.preemption_risk:.0%}"]
+    assert charts["kv"]["thresholds"] == [
+        f"admission stall {th.admission_stall:.0%}",
+        f"preemption {th.preemption_risk:.0%}",
+    ]
     # The strip: colours of the catalogue, never alone: each segment has its word, so do the legend and summary.
     strip = charts["bottleneck"]
     names = {name for name, _ in strip["segments"]}
@@ -149,12 +180,16 @@ def test_layout_fits_the_screen(stack, width, height, mobile):
     page.set_viewport(width, height, mobile=mobile)
     try:
         # Redrawn at this width (charts measure their box), and nothing wider than the screen.
-        fits = page.wait_for(f"""(() => {{
+        fits = page.wait_for(
+            f"""(() => {{
             const svgs = [...document.querySelectorAll('svg.chart')];
             const ok = innerWidth === {width} && svgs.length > 0 && svgs.every(s => s.viewBox.baseVal.width <= innerWidth)
                 && document.documentElement.scrollWidth <= innerWidth;
             return ok && {{scroll: document.documentElement.scrollWidth, inner: innerWidth}};
-        }})()""", timeout=30, what=f"the page to fit {width} px")
+        }})()""",
+            timeout=30,
+            what=f"the page to fit {width} px",
+        )
         assert fits["scroll"] <= fits["inner"] == width
         badge = page.evaluate("""(() => { const r = document.querySelector('article.engine [data-role=bottleneck]')
             .getBoundingClientRect(); return [r.left, r.right, r.width]; })()""")
@@ -183,8 +218,22 @@ def test_many_targets_overview_sorted_by_severity_links_to_each(stack, tmp_path)
     page = stack["page"]
     port, dead_port = free_ports(2)
     dead = f"http://127.0.0.1:{dead_port}/metrics"
-    argv = [*KVWATCH, "run", "--target", stack["sim_url"], "--target", dead, "--listen", f"127.0.0.1:{port}",
-            "--interval", "0.5", "--window", "3", "--stale-after", "3"]
+    argv = [
+        *KVWATCH,
+        "run",
+        "--target",
+        stack["sim_url"],
+        "--target",
+        dead,
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--interval",
+        "0.5",
+        "--window",
+        "3",
+        "--stale-after",
+        "3",
+    ]
     with Process(argv, ARTIFACTS / "logs" / "kvwatch-two-targets.log", name="kvwatch (two targets)") as kv:
         kv.wait_for_url(f"http://127.0.0.1:{port}/readyz", timeout=60)
         page.goto(f"http://127.0.0.1:{port}/")
@@ -207,17 +256,28 @@ def test_many_targets_overview_sorted_by_severity_links_to_each(stack, tmp_path)
         for target, _, href in r["items"]:
             assert href.startswith("#target=")
             page.evaluate(f"document.querySelector('#overview-list a[href=\"{href}\"]').click()")
-            page.wait_for(f"""(async () => {{
+            page.wait_for(
+                f"""(async () => {{
                 const d = await (await fetch('api/v1/diagnosis', {{cache: 'no-store'}})).json();
                 const t = d.targets.find(x => x.target === {json.dumps(target)});
                 const sec = document.querySelector('#detail section.target');
                 const b = sec && sec.querySelector('[data-role=target-bottleneck]');
                 return sec && sec.dataset.target === {json.dumps(target)} && b.dataset.bottleneck === t.bottleneck
                     && document.querySelector('#overview-list li[aria-current=true]').dataset.target === t.target;
-            }})()""", timeout=60, what=f"the detail of {target}")
+            }})()""",
+                timeout=60,
+                what=f"the detail of {target}",
+            )
         # (a wait: a scrape of the simulator that times out on a loaded machine says "2 of 2" for a moment)
-        banner = wait_for(lambda: (b := page.evaluate("document.getElementById('banner').textContent"))
-                          and "vLLM unreachable: 1 of 2 targets" in b and b, timeout=60, what="the banner for one target")
+        banner = wait_for(
+            lambda: (
+                (b := page.evaluate("document.getElementById('banner').textContent"))
+                and "vLLM unreachable: 1 of 2 targets" in b
+                and b
+            ),
+            timeout=60,
+            what="the banner for one target",
+        )
         assert dead in banner
         assert kv.running()
         _no_console_errors(page)
@@ -233,8 +293,11 @@ def test_a_wrong_path_is_not_called_unreachable(stack):
     with Process(argv, ARTIFACTS / "logs" / "kvwatch-wrong-path.log", name="kvwatch (wrong path)") as kv:
         kv.wait_for_url(f"http://127.0.0.1:{port}/readyz", timeout=60)
         page.goto(f"http://127.0.0.1:{port}/")
-        banner = wait_for(lambda: (b := page.evaluate("document.getElementById('banner').textContent"))
-                          and "HTTP 404" in b and b, timeout=60, what="the banner for a wrong path")
+        banner = wait_for(
+            lambda: (b := page.evaluate("document.getElementById('banner').textContent")) and "HTTP 404" in b and b,
+            timeout=60,
+            what="the banner for a wrong path",
+        )
         assert "vLLM's metrics unreadable" in banner and "HTTP 404 — is the path /metrics?" in banner, banner
         assert "unreachable" not in banner and "?." not in banner, banner
         _no_console_errors(page)
@@ -270,7 +333,7 @@ def test_unreachable_keeps_the_last_diagnosis_then_stale_when_kvwatch_stops(stac
     assert r["last_known"] and r["dom"] != str(Bottleneck.UNREACHABLE) and r["evidence"] > 0, r
     hist = httpx.get(stack["base"] + "/api/v1/history", trust_env=False, timeout=10).json()
     series = hist["targets"][0]["engines"][0]["series"]
-    rows = list(zip(series["t"], series["bottleneck"]))
+    rows = list(zip(series["t"], series["bottleneck"], strict=False))
     assert any(abs(t - r["stamp"]) < 0.01 and b == r["dom"] for t, b in rows), (r, rows[-10:])
     assert r["stamp"] >= rows[-1][0] - 30  # among the last ones before vLLM went away
     _shot(page, "unreachable")
@@ -279,8 +342,12 @@ def test_unreachable_keeps_the_last_diagnosis_then_stale_when_kvwatch_stops(stac
     _no_console_errors(page)
 
     stack["kv"].stop()
-    stale = page.wait_for("""(() => { const b = document.getElementById('banner');
-        return !b.hidden && b.dataset.kind === 'stale' && b.textContent; })()""", timeout=60, what="the stale banner")
+    stale = page.wait_for(
+        """(() => { const b = document.getElementById('banner');
+        return !b.hidden && b.dataset.kind === 'stale' && b.textContent; })()""",
+        timeout=60,
+        what="the stale banner",
+    )
     assert "kvwatch is not answering" in stale
     still = page.evaluate("document.querySelector('article.engine [data-role=bottleneck]').dataset.bottleneck")
     assert still == r["dom"]  # still the last diagnosis

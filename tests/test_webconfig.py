@@ -23,7 +23,16 @@ from aiohttp import web
 
 from kvwatch.app import Monitor, make_app
 from kvwatch.config import ConfigError, load_settings
-from kvwatch.webconfig import CACHE_SIZE, MAX_PENDING, POLL_SECONDS, SETTING, BasicAuth, WebConfigError, WebConfigWatcher, load
+from kvwatch.webconfig import (
+    CACHE_SIZE,
+    MAX_PENDING,
+    POLL_SECONDS,
+    SETTING,
+    BasicAuth,
+    WebConfigError,
+    WebConfigWatcher,
+    load,
+)
 from tests.helpers.certs import Ca, run_openssl
 from tests.helpers.ports import free_port
 
@@ -73,45 +82,138 @@ BAD = [
     ("tls_server_config:\n  cert_fle: a.crt\n", "tls_server_config.cert_fle", "unknown field"),
     ("http_server_config:\n  http3: true\n", "http_server_config.http3", "unknown field"),
     ("tls_server_config: a.crt\n", "tls_server_config", "must be a mapping"),
-    ("tls_server_config:\n  cert_file: {cert}\n", "tls_server_config.key_file", "missing: TLS needs cert_file and key_file (cert_file is set)"),
-    ("tls_server_config:\n  key_file: {key}\n", "tls_server_config.cert_file", "missing: TLS needs cert_file and key_file (key_file is set)"),
+    (
+        "tls_server_config:\n  cert_file: {cert}\n",
+        "tls_server_config.key_file",
+        "missing: TLS needs cert_file and key_file (cert_file is set)",
+    ),
+    (
+        "tls_server_config:\n  key_file: {key}\n",
+        "tls_server_config.cert_file",
+        "missing: TLS needs cert_file and key_file (key_file is set)",
+    ),
     ("tls_server_config:\n  client_auth_type: NoClientCert\n", "tls_server_config.cert_file", "missing"),
-    ("tls_server_config:\n  cert_file: [a]\n  key_file: {key}\n", "tls_server_config.cert_file", "must be a string, not list"),
+    (
+        "tls_server_config:\n  cert_file: [a]\n  key_file: {key}\n",
+        "tls_server_config.cert_file",
+        "must be a string, not list",
+    ),
     ("tls_server_config:\n  cert_file: nope.crt\n  key_file: {key}\n", "tls_server_config.cert_file", "cannot read"),
-    ("tls_server_config:\n  cert_file: {key}\n  key_file: {key}\n", "tls_server_config.cert_file", "no PEM certificate"),
-    ("tls_server_config:\n  cert_file: {cert}\n  key_file: {cert}\n", "tls_server_config.key_file", "is not a PEM private key"),
-    ("tls_server_config:\n  cert_file: {cert}\n  key_file: {other_key}\n", "tls_server_config.key_file", "does not match cert_file"),
-    ("tls_server_config:\n  cert_file: {cert}\n  key_file: {encrypted_key}\n", "tls_server_config.key_file", "the key is encrypted"),
-    ("tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n  client_auth_type: RequireAndVerifyClientCert\n"
-     "  client_ca_file: nope.crt\n", "tls_server_config.client_ca_file", "cannot read"),
-    ("tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n  client_auth_type: RequireAndVerifyClientCert\n"
-     "  client_ca_file: {key}\n", "tls_server_config.client_ca_file", "no PEM certificate"),
-    ("tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n  client_ca_file: {ca}\n",
-     "tls_server_config.client_ca_file", "without a client_auth_type that verifies"),
-    ("tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n  client_auth_type: VerifyAlways\n",
-     "tls_server_config.client_auth_type", "unknown value 'VerifyAlways'"),
-    ("tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n  client_auth_type: RequireAnyClientCert\n",
-     "tls_server_config.client_auth_type", "cannot be enforced"),
-    ("tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n  min_version: TLS14\n",
-     "tls_server_config.min_version", "unknown TLS version 'TLS14'"),
-    ("tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n  max_version: 1.3\n",
-     "tls_server_config.max_version", "must be a string"),
-    ("tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n  min_version: TLS13\n  max_version: TLS12\n",
-     "tls_server_config.min_version", "is above max_version"),
-    ("tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n  prefer_server_cipher_suites: maybe\n",
-     "tls_server_config.prefer_server_cipher_suites", "must be true or false"),
-    ("tls_server_config:\n  cert: '-----BEGIN CERTIFICATE-----'\n", "tls_server_config.cert", "inline PEM is not supported"),
-    ("tls_server_config:\n  cipher_suites: [TLS_AES_128_GCM_SHA256]\n", "tls_server_config.cipher_suites", "not supported by kvwatch"),
-    ("tls_server_config:\n  curve_preferences: [X25519]\n", "tls_server_config.curve_preferences", "not supported by kvwatch"),
-    ("tls_server_config:\n  client_allowed_sans: [a]\n", "tls_server_config.client_allowed_sans", "not supported by kvwatch"),
+    (
+        "tls_server_config:\n  cert_file: {key}\n  key_file: {key}\n",
+        "tls_server_config.cert_file",
+        "no PEM certificate",
+    ),
+    (
+        "tls_server_config:\n  cert_file: {cert}\n  key_file: {cert}\n",
+        "tls_server_config.key_file",
+        "is not a PEM private key",
+    ),
+    (
+        "tls_server_config:\n  cert_file: {cert}\n  key_file: {other_key}\n",
+        "tls_server_config.key_file",
+        "does not match cert_file",
+    ),
+    (
+        "tls_server_config:\n  cert_file: {cert}\n  key_file: {encrypted_key}\n",
+        "tls_server_config.key_file",
+        "the key is encrypted",
+    ),
+    (
+        "tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n  client_auth_type: RequireAndVerifyClientCert\n"
+        "  client_ca_file: nope.crt\n",
+        "tls_server_config.client_ca_file",
+        "cannot read",
+    ),
+    (
+        "tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n  client_auth_type: RequireAndVerifyClientCert\n"
+        "  client_ca_file: {key}\n",
+        "tls_server_config.client_ca_file",
+        "no PEM certificate",
+    ),
+    (
+        "tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n  client_ca_file: {ca}\n",
+        "tls_server_config.client_ca_file",
+        "without a client_auth_type that verifies",
+    ),
+    (
+        "tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n  client_auth_type: VerifyAlways\n",
+        "tls_server_config.client_auth_type",
+        "unknown value 'VerifyAlways'",
+    ),
+    (
+        "tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n  client_auth_type: RequireAnyClientCert\n",
+        "tls_server_config.client_auth_type",
+        "cannot be enforced",
+    ),
+    (
+        "tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n  min_version: TLS14\n",
+        "tls_server_config.min_version",
+        "unknown TLS version 'TLS14'",
+    ),
+    (
+        "tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n  max_version: 1.3\n",
+        "tls_server_config.max_version",
+        "must be a string",
+    ),
+    (
+        "tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n  min_version: TLS13\n  max_version: TLS12\n",
+        "tls_server_config.min_version",
+        "is above max_version",
+    ),
+    (
+        "tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n  prefer_server_cipher_suites: maybe\n",
+        "tls_server_config.prefer_server_cipher_suites",
+        "must be true or false",
+    ),
+    (
+        "tls_server_config:\n  cert: '-----BEGIN CERTIFICATE-----'\n",
+        "tls_server_config.cert",
+        "inline PEM is not supported",
+    ),
+    (
+        "tls_server_config:\n  cipher_suites: [TLS_AES_128_GCM_SHA256]\n",
+        "tls_server_config.cipher_suites",
+        "not supported by kvwatch",
+    ),
+    (
+        "tls_server_config:\n  curve_preferences: [X25519]\n",
+        "tls_server_config.curve_preferences",
+        "not supported by kvwatch",
+    ),
+    (
+        "tls_server_config:\n  client_allowed_sans: [a]\n",
+        "tls_server_config.client_allowed_sans",
+        "not supported by kvwatch",
+    ),
     ("rate_limit:\n  interval: 1s\n  burst: 5\n", "rate_limit", "not supported by kvwatch"),
     ("http_server_config:\n  http2: sometimes\n", "http_server_config.http2", "must be true or false"),
     ("http_server_config:\n  headers: [X-Frame-Options]\n", "http_server_config.headers", "must be a mapping"),
-    ("http_server_config:\n  headers:\n    Server: evil\n", "http_server_config.headers.Server", "can not be configured"),
-    ("http_server_config:\n  headers:\n    x-frame-options: deny\n", "http_server_config.headers.x-frame-options", "can not be configured"),
-    ("http_server_config:\n  headers:\n    X-Frame-Options: allow-from\n", "http_server_config.headers.X-Frame-Options", "must be one of deny, sameorigin"),
-    ("http_server_config:\n  headers:\n    X-Content-Type-Options: sniff\n", "http_server_config.headers.X-Content-Type-Options", "must be one of nosniff"),
-    ("http_server_config:\n  headers:\n    Content-Security-Policy: 1\n", "http_server_config.headers.Content-Security-Policy", "must be a string"),
+    (
+        "http_server_config:\n  headers:\n    Server: evil\n",
+        "http_server_config.headers.Server",
+        "can not be configured",
+    ),
+    (
+        "http_server_config:\n  headers:\n    x-frame-options: deny\n",
+        "http_server_config.headers.x-frame-options",
+        "can not be configured",
+    ),
+    (
+        "http_server_config:\n  headers:\n    X-Frame-Options: allow-from\n",
+        "http_server_config.headers.X-Frame-Options",
+        "must be one of deny, sameorigin",
+    ),
+    (
+        "http_server_config:\n  headers:\n    X-Content-Type-Options: sniff\n",
+        "http_server_config.headers.X-Content-Type-Options",
+        "must be one of nosniff",
+    ),
+    (
+        "http_server_config:\n  headers:\n    Content-Security-Policy: 1\n",
+        "http_server_config.headers.Content-Security-Policy",
+        "must be a string",
+    ),
     ("basic_auth_users: [alice]\n", "basic_auth_users", "must be a mapping"),
     ("basic_auth_users:\n  alice: plaintext-password\n", "basic_auth_users.alice", "not a bcrypt hash"),
     ("basic_auth_users:\n  alice: 12345\n", "basic_auth_users.alice", "not a bcrypt hash"),
@@ -125,10 +227,17 @@ BAD = [
 def files(pki, tmp_path_factory):
     d = tmp_path_factory.mktemp("files")
     encrypted = d / "encrypted.key"
-    run_openssl("pkey", "-in", str(pki["server"].key), "-aes256", "-passout", "pass:secret", "-out", str(encrypted), cwd=d)
+    run_openssl(
+        "pkey", "-in", str(pki["server"].key), "-aes256", "-passout", "pass:secret", "-out", str(encrypted), cwd=d
+    )
     return {
-        "cert": pki["server"].cert, "key": pki["server"].key, "other_key": pki["client"].key,
-        "encrypted_key": encrypted, "ca": pki["ca"].cert, "h": pki["hash"], "h_cost3": "$2b$03$" + pki["hash"][7:],
+        "cert": pki["server"].cert,
+        "key": pki["server"].key,
+        "other_key": pki["client"].key,
+        "encrypted_key": encrypted,
+        "ca": pki["ca"].cert,
+        "h": pki["hash"],
+        "h_cost3": "$2b$03$" + pki["hash"][7:],
     }
 
 
@@ -168,7 +277,10 @@ def test_good_files(pki, tmp_path):
     assert (empty.tls, dict(empty.users), dict(empty.headers), empty.context) == (None, {}, {}, None)
     # min_version alone does not turn TLS on (the toolkit's rule), an empty unsupported list is no use of it
     assert load(write(tmp_path, "tls_server_config:\n  min_version: TLS13\n  cipher_suites: []\n")).tls is None
-    path = tls_config(pki, tmp_path, extra=textwrap.dedent("""\
+    path = tls_config(
+        pki,
+        tmp_path,
+        extra=textwrap.dedent("""\
           client_auth_type: VerifyClientCertIfGiven
           client_ca_file: ca.crt
           min_version: TLS13
@@ -180,7 +292,8 @@ def test_good_files(pki, tmp_path):
             X-Content-Type-Options: nosniff
             Content-Security-Policy: default-src 'self'
             X-XSS-Protection: ""
-        """))
+        """),
+    )
     (tmp_path / "ca.crt").write_bytes(pki["ca"].cert.read_bytes())
     cfg = load(path)
     assert cfg.tls is not None and cfg.context is not None
@@ -190,15 +303,24 @@ def test_good_files(pki, tmp_path):
     assert cfg.context.verify_mode == ssl.CERT_OPTIONAL
     assert not cfg.context.options & ssl.OP_CIPHER_SERVER_PREFERENCE
     assert dict(cfg.users) == {"prometheus": pki["hash"].encode()}
-    assert dict(cfg.headers) == {"X-Frame-Options": "sameorigin", "X-Content-Type-Options": "nosniff",
-                                 "Content-Security-Policy": "default-src 'self'"}, "blank: unset"
+    assert dict(cfg.headers) == {
+        "X-Frame-Options": "sameorigin",
+        "X-Content-Type-Options": "nosniff",
+        "Content-Security-Policy": "default-src 'self'",
+    }, "blank: unset"
     assert cfg.http2 is False
     assert cfg.files() == (path, tmp_path / "tls.crt", tmp_path / "tls.key", tmp_path / "ca.crt")
 
 
-@pytest.mark.parametrize("auth, mode", [("NoClientCert", ssl.CERT_NONE), ("RequestClientCert", ssl.CERT_NONE),
-                                        ("VerifyClientCertIfGiven", ssl.CERT_OPTIONAL),
-                                        ("RequireAndVerifyClientCert", ssl.CERT_REQUIRED)])
+@pytest.mark.parametrize(
+    "auth, mode",
+    [
+        ("NoClientCert", ssl.CERT_NONE),
+        ("RequestClientCert", ssl.CERT_NONE),
+        ("VerifyClientCertIfGiven", ssl.CERT_OPTIONAL),
+        ("RequireAndVerifyClientCert", ssl.CERT_REQUIRED),
+    ],
+)
 def test_client_auth_types(auth, mode, pki, tmp_path):
     (tmp_path / "ca.crt").write_bytes(pki["ca"].cert.read_bytes())
     ca = "  client_ca_file: ca.crt\n" if mode != ssl.CERT_NONE else ""
@@ -221,8 +343,11 @@ class Bcrypt:
 
 
 def basic(user: bytes | str, password: bytes | str) -> str:
-    raw = (user.encode() if isinstance(user, str) else user) + b":" + (
-        password.encode() if isinstance(password, str) else password)
+    raw = (
+        (user.encode() if isinstance(user, str) else user)
+        + b":"
+        + (password.encode() if isinstance(password, str) else password)
+    )
     return "Basic " + base64.b64encode(raw).decode()
 
 
@@ -248,8 +373,19 @@ async def test_a_wrong_password_or_an_unknown_user_always_costs_one_bcrypt_check
     assert not await auth.check(basic("prometheus", PASSWORD + b"x" * 80), run) and len(run.calls) == 6
 
 
-@pytest.mark.parametrize("header", [None, "", "Bearer abc", "Basic", "Basic !!!!", "Basic " + base64.b64encode(
-    b"no-colon").decode(), "Basic " + base64.b64encode(b"\xff\xfe:\x00\xff").decode(), "Basic " + "A" * 10000])
+@pytest.mark.parametrize(
+    "header",
+    [
+        None,
+        "",
+        "Bearer abc",
+        "Basic",
+        "Basic !!!!",
+        "Basic " + base64.b64encode(b"no-colon").decode(),
+        "Basic " + base64.b64encode(b"\xff\xfe:\x00\xff").decode(),
+        "Basic " + "A" * 10000,
+    ],
+)
 async def test_a_malformed_authorization_header_fails_without_an_error(header, pki):
     assert not await BasicAuth({"prometheus": pki["hash"].encode()}).check(header, Bcrypt())
 
@@ -300,8 +436,9 @@ def peer_serial(port: int, ctx: ssl.SSLContext) -> int:
 
 
 async def test_probes_are_open_and_everything_else_needs_the_password(pki, tmp_path):
-    watcher = WebConfigWatcher(tls_config(pki, tmp_path, extra="http_server_config:\n  headers:\n"
-                                                              "    X-Content-Type-Options: nosniff\n"))
+    watcher = WebConfigWatcher(
+        tls_config(pki, tmp_path, extra="http_server_config:\n  headers:\n    X-Content-Type-Options: nosniff\n")
+    )
     async with serving(watcher) as port:
         base = f"https://127.0.0.1:{port}"
         async with httpx.AsyncClient(verify=client_context(pki), trust_env=False, timeout=10) as c:
@@ -340,12 +477,19 @@ async def test_plain_http_to_the_tls_port_fails_and_kvwatch_keeps_serving(pki, t
 
 async def test_client_certificates_and_tls_versions_are_enforced(pki, tmp_path):
     (tmp_path / "ca.crt").write_bytes(pki["ca"].cert.read_bytes())
-    path = tls_config(pki, tmp_path, users=False, extra="  client_auth_type: RequireAndVerifyClientCert\n"
-                                                        "  client_ca_file: ca.crt\n  min_version: TLS13\n")
+    path = tls_config(
+        pki,
+        tmp_path,
+        users=False,
+        extra="  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: ca.crt\n  min_version: TLS13\n",
+    )
     async with serving(WebConfigWatcher(path)) as port:
         assert await asyncio.to_thread(peer_serial, port, client_context(pki, "client")) == 1
-        for ctx in (client_context(pki), client_context(pki, "stranger"),
-                    client_context(pki, "client", max_version=ssl.TLSVersion.TLSv1_2)):
+        for ctx in (
+            client_context(pki),
+            client_context(pki, "stranger"),
+            client_context(pki, "client", max_version=ssl.TLSVersion.TLSv1_2),
+        ):
             with pytest.raises((ssl.SSLError, ConnectionError)):
                 # TLS 1.3 reports a refused client certificate on the first read, not in the handshake
                 await asyncio.to_thread(lambda c=ctx: _get(port, c))
@@ -387,8 +531,10 @@ async def test_reload_swaps_certificate_and_users_and_a_bad_file_keeps_the_old_o
             # a bad file, a half-written key, TLS turned off: one error line each, the old config stays
             good = path.read_text()
             caplog.clear()
-            for bad in ("tls_server_config: {cert_file: tls.crt, key_file: tls.key, min_version: TLS99}\n",
-                        f"basic_auth_users: {{prometheus: {new_hash}}}\n"):
+            for bad in (
+                "tls_server_config: {cert_file: tls.crt, key_file: tls.key, min_version: TLS99}\n",
+                f"basic_auth_users: {{prometheus: {new_hash}}}\n",
+            ):
                 path.write_text(bad)
                 assert not await watcher.reload("test")
             path.write_text(good)
@@ -422,13 +568,15 @@ def test_the_docs_example_file_loads_as_documented(pki, tmp_path):
     """docs/configuration.md's web-config.yml, with certificates where it names them, is what it says it is."""
     readme = (Path(__file__).resolve().parents[1] / "docs" / "configuration.md").read_text()
     start = readme.index("```yaml\n# web-config.yml\n") + len("```yaml\n")
-    text = readme[start:readme.index("```", start)]
+    text = readme[start : readme.index("```", start)]
     (tmp_path / "server.crt").write_bytes(pki["server"].cert.read_bytes())
     (tmp_path / "server.key").write_bytes(pki["server"].key.read_bytes())
     cfg = load(write(tmp_path, text))
     assert cfg.tls is not None and cfg.tls.min_version == ssl.TLSVersion.TLSv1_2
     assert list(cfg.users) == ["prometheus"] and dict(cfg.headers) == {
-        "X-Content-Type-Options": "nosniff", "X-Frame-Options": "deny"}
+        "X-Content-Type-Options": "nosniff",
+        "X-Frame-Options": "deny",
+    }
     # and its figures are the code's
     assert f"At most {MAX_PENDING} checks wait" in readme and f"(at most\n  {CACHE_SIZE}," in readme
     assert f"it names every {POLL_SECONDS:g} s" in readme
@@ -457,14 +605,17 @@ async def test_a_flood_of_wrong_passwords_is_bounded_and_a_cached_client_never_w
     async with serving(watcher) as port:
         url = f"https://127.0.0.1:{port}/metrics"
         good = ("prometheus", PASSWORD.decode())
-        async with httpx.AsyncClient(verify=client_context(pki), trust_env=False, timeout=60,
-                                     limits=httpx.Limits(max_connections=None)) as c:
+        async with httpx.AsyncClient(
+            verify=client_context(pki), trust_env=False, timeout=60, limits=httpx.Limits(max_connections=None)
+        ) as c:
             assert (await c.get(url, auth=good)).status_code == 200  # now cached
             release = threading.Event()
             real = webconfig._checkpw
             monkeypatch.setattr(webconfig, "_checkpw", lambda pw, h: release.wait(60) and real(pw, h))
-            flood = [asyncio.create_task(c.get(url, auth=("prometheus", f"guess{i}")))
-                     for i in range(webconfig.MAX_PENDING + 8)]
+            flood = [
+                asyncio.create_task(c.get(url, auth=("prometheus", f"guess{i}")))
+                for i in range(webconfig.MAX_PENDING + 8)
+            ]
             async with asyncio.timeout(60):
                 while watcher.pending < webconfig.MAX_PENDING or sum(t.done() for t in flood) < 8:
                     await asyncio.sleep(0.02)

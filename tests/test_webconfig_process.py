@@ -36,13 +36,16 @@ def bcrypt_hash(password: str, cost: int = 10) -> str:
 
 
 def web_config(path: Path, cert: str, key: str, password: str, extra: str = "") -> Path:
-    path.write_text(textwrap.dedent(f"""\
+    path.write_text(
+        textwrap.dedent(f"""\
         tls_server_config:
           cert_file: {cert}
           key_file: {key}
         basic_auth_users:
           prometheus: {bcrypt_hash(password)}
-        """) + extra)
+        """)
+        + extra
+    )
     return path
 
 
@@ -69,8 +72,13 @@ def test_prometheus_scrapes_kvwatch_over_https_with_basic_auth(tmp_path):
             httpx.get(f"http://127.0.0.1:{kv.port}/metrics", timeout=10, trust_env=False)
 
         def job(name: str, scheme: str = "https", **extra):
-            return {"job_name": name, "scheme": scheme, "static_configs": [{"targets": [f"127.0.0.1:{kv.port}"]}],
-                    **({"tls_config": {"ca_file": str(ca.cert)}} if scheme == "https" else {}), **extra}
+            return {
+                "job_name": name,
+                "scheme": scheme,
+                "static_configs": [{"targets": [f"127.0.0.1:{kv.port}"]}],
+                **({"tls_config": {"ca_file": str(ca.cert)}} if scheme == "https" else {}),
+                **extra,
+            }
 
         config = {
             "global": {"scrape_interval": "1s", "scrape_timeout": "900ms"},
@@ -82,6 +90,7 @@ def test_prometheus_scrapes_kvwatch_over_https_with_basic_auth(tmp_path):
             ],
         }
         with Prometheus(config, tmp_path / "prometheus") as prom:
+
             def scraped():
                 targets = {t["labels"]["job"]: t for t in prom.targets()}
                 done = len(targets) == 4 and all(t["health"] != "unknown" for t in targets.values())
@@ -150,8 +159,11 @@ def test_a_rotated_certificate_is_served_without_a_restart_and_sighup_reloads(tm
 
         # 4. a new password, picked up without a restart
         web_config(web, "secret/tls.crt", "secret/tls.key", "new-password")
-        kv.wait_until(lambda: kv._http.get(kv.url + "/metrics", auth=("prometheus", "new-password")).status_code
-                      == 200, timeout=60, what="the new password")
+        kv.wait_until(
+            lambda: kv._http.get(kv.url + "/metrics", auth=("prometheus", "new-password")).status_code == 200,
+            timeout=60,
+            what="the new password",
+        )
         assert kv._http.get(kv.url + "/metrics", auth=auth).status_code == 401
         assert kv.pid == pid and kv.running()
         log = kv.log_path.read_text()
@@ -160,11 +172,14 @@ def test_a_rotated_certificate_is_served_without_a_restart_and_sighup_reloads(tm
     assert "Traceback" not in log
 
 
-@pytest.mark.parametrize("case, says", [
-    ("missing", ["is not a readable file"]),
-    ("unknown field", ["tls_server_config.cert_fle: unknown field"]),
-    ("key of another certificate", ["tls_server_config.key_file: ", "does not match cert_file"]),
-])
+@pytest.mark.parametrize(
+    "case, says",
+    [
+        ("missing", ["is not a readable file"]),
+        ("unknown field", ["tls_server_config.cert_fle: unknown field"]),
+        ("key of another certificate", ["tls_server_config.key_file: ", "does not match cert_file"]),
+    ],
+)
 def test_a_bad_web_config_exits_2_with_one_line(case, says, tmp_path):
     ca = Ca(tmp_path / "ca")
     a, b = ca.issue(tmp_path / "a"), ca.issue(tmp_path / "b")
@@ -176,8 +191,13 @@ def test_a_bad_web_config_exits_2_with_one_line(case, says, tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVWATCH_")}
     env["KVWATCH_WEB_CONFIG_FILE"] = str(web)
     port = free_port()
-    proc = subprocess.run([sys.executable, "-m", "kvwatch", "run", "--listen", f"127.0.0.1:{port}"],
-                          capture_output=True, text=True, env=env, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "kvwatch", "run", "--listen", f"127.0.0.1:{port}"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr

@@ -34,8 +34,7 @@ def vllm_python() -> str:
 @pytest.fixture(scope="session")
 def model_dir(vllm_python: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("model") / "tiny-llama-dummy"
-    proc = subprocess.run([vllm_python, str(E2E_DIR / "make_model.py"), str(out)],
-                          capture_output=True, text=True)
+    proc = subprocess.run([vllm_python, str(E2E_DIR / "make_model.py"), str(out)], capture_output=True, text=True)
     if proc.returncode != 0:
         pytest.fail(f"make_model.py failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
     return out
@@ -99,8 +98,10 @@ def vllm_alive(server_factory):
     log, so that one crash fails one test and not every test after it."""
     for s in server_factory.started:
         if not s.healthy():
-            log(f"vLLM :{s.port} is down before this test (exit {s.proc.returncode if s.proc else None}); "
-                f"its log ends:\n{tail(s.log_path, 15)}\nrestarting it")
+            log(
+                f"vLLM :{s.port} is down before this test (exit {s.proc.returncode if s.proc else None}); "
+                f"its log ends:\n{tail(s.log_path, 15)}\nrestarting it"
+            )
             s.stop()
             s.start_and_wait()
     yield
@@ -121,45 +122,61 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     w = terminalreporter
     w.section("kvwatch against real vLLM: figures")
     for name, s in SUMMARIES.items():
-        w.write_line(f"{name}: vLLM {' '.join(s.get('server_args', []))}; server start-up "
-                     f"{', '.join(f'{x:.0f} s' for x in s.get('server_startup_seconds', []))}; scenario "
-                     f"{s.get('scenario_seconds', '?')} s")
+        w.write_line(
+            f"{name}: vLLM {' '.join(s.get('server_args', []))}; server start-up "
+            f"{', '.join(f'{x:.0f} s' for x in s.get('server_startup_seconds', []))}; scenario "
+            f"{s.get('scenario_seconds', '?')} s"
+        )
         if "load_result" in s:
             lr = s["load_result"]
-            w.write_line(f"  load: {s['load']} -> ok {lr['ok']}, failed {lr['failed']}, cancelled {lr['cancelled']} "
-                         f"in {lr['seconds']} s ({len(s.get('load_rounds', [0]))} round(s)); "
-                         f"recording: {s['record']['files']} files (rc {s['record']['rc']})")
+            w.write_line(
+                f"  load: {s['load']} -> ok {lr['ok']}, failed {lr['failed']}, cancelled {lr['cancelled']} "
+                f"in {lr['seconds']} s ({len(s.get('load_rounds', [0]))} round(s)); "
+                f"recording: {s['record']['files']} files (rc {s['record']['rc']})"
+            )
         sat = s.get("saturated") or {}
         if "samples" in sat:
             sat = {"nohint": sat}
         for v, d in sat.items():
-            w.write_line(f"  while waiting [{v}]: {d['samples']} samples, bottleneck {d['bottleneck']}, "
-                         f"vLLM running {_rng(d['vllm_running'])}, waiting {_rng(d['vllm_waiting'], 0)}, "
-                         f"KV {_rng(d['vllm_kv'])}; kvwatch preemptions/s {_rng(d['kvwatch_preempt_ps'])}, "
-                         f"step tokens {_rng(d['kvwatch_step_tokens'], 1)}, "
-                         f"est. max concurrency {_rng(d['kvwatch_est_max_conc'])}, "
-                         f"max_num_seqs cfg/inf {_rng(d['kvwatch_max_num_seqs_configured'], 0)} / "
-                         f"{_rng(d['kvwatch_max_num_seqs_inferred'], 0)}, budget cfg/inf "
-                         f"{_rng(d['kvwatch_budget_configured'], 0)} / {_rng(d['kvwatch_budget_inferred'], 0)}")
+            w.write_line(
+                f"  while waiting [{v}]: {d['samples']} samples, bottleneck {d['bottleneck']}, "
+                f"vLLM running {_rng(d['vllm_running'])}, waiting {_rng(d['vllm_waiting'], 0)}, "
+                f"KV {_rng(d['vllm_kv'])}; kvwatch preemptions/s {_rng(d['kvwatch_preempt_ps'])}, "
+                f"step tokens {_rng(d['kvwatch_step_tokens'], 1)}, "
+                f"est. max concurrency {_rng(d['kvwatch_est_max_conc'])}, "
+                f"max_num_seqs cfg/inf {_rng(d['kvwatch_max_num_seqs_configured'], 0)} / "
+                f"{_rng(d['kvwatch_max_num_seqs_inferred'], 0)}, budget cfg/inf "
+                f"{_rng(d['kvwatch_budget_configured'], 0)} / {_rng(d['kvwatch_budget_inferred'], 0)}"
+            )
         if "up_rows" in s:
             d = s["up_rows"]
-            w.write_line(f"  all samples: bottleneck {d['bottleneck']}, vLLM running {_rng(d['vllm_running'])}, "
-                         f"waiting {_rng(d['vllm_waiting'], 0)}")
+            w.write_line(
+                f"  all samples: bottleneck {d['bottleneck']}, vLLM running {_rng(d['vllm_running'])}, "
+                f"waiting {_rng(d['vllm_waiting'], 0)}"
+            )
         if "onsets" in s:
             lat = [f"{o['latency_s']} (reads {o.get('read_gap_s')} s apart)" for o in s["onsets"]]
-            w.write_line(f"  detection latency over {len(lat)} onsets, s = intervals: {', '.join(lat)}; median "
-                         f"{s['median_latency_s']}; bursts the test's reads could not judge: {len(s['unjudged'])}")
+            w.write_line(
+                f"  detection latency over {len(lat)} onsets, s = intervals: {', '.join(lat)}; median "
+                f"{s['median_latency_s']}; bursts the test's reads could not judge: {len(s['unjudged'])}"
+            )
         if "detection" in s and s["detection"].get("latency_s") is not None:
             d = s["detection"]
-            w.write_line(f"  detection latency (vLLM's KV-bound onset -> kvwatch_bottleneck kv_cache): "
-                         f"{d['latency_s']:.2f} s = {d['latency_s'] / d['interval_s']:.2f} intervals "
-                         f"(reads {d['read_gap_s']} s apart there; onset {d['onset_s']} s into the load)")
+            w.write_line(
+                f"  detection latency (vLLM's KV-bound onset -> kvwatch_bottleneck kv_cache): "
+                f"{d['latency_s']:.2f} s = {d['latency_s'] / d['interval_s']:.2f} intervals "
+                f"(reads {d['read_gap_s']} s apart there; onset {d['onset_s']} s into the load)"
+            )
         for k in ("observed_mean_running", "estimated_max_concurrency_median", "vllm_mean_step_tokens"):
             if s.get(k) is not None:
                 w.write_line(f"  {k}: {s[k]:.2f}")
         if "marks_relative_to_kill" in s:
-            w.write_line(f"  marks (s from kill): {s['marks_relative_to_kill']}; while down: {s['down']}; "
-                         f"recording {s['record']}")
+            w.write_line(
+                f"  marks (s from kill): {s['marks_relative_to_kill']}; while down: {s['down']}; "
+                f"recording {s['record']}"
+            )
             d = s["saturated_after_restart"]
-            w.write_line(f"  after restart, while waiting: bottleneck {d['bottleneck']}, "
-                         f"vLLM running {_rng(d['vllm_running'])}; negative values: {len(s['negatives'])}")
+            w.write_line(
+                f"  after restart, while waiting: bottleneck {d['bottleneck']}, "
+                f"vLLM running {_rng(d['vllm_running'])}; negative values: {len(s['negatives'])}"
+            )

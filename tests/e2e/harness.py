@@ -15,9 +15,9 @@ import random
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -68,15 +68,23 @@ class VllmServer(Process):
 
     name = "vLLM"
 
-    def __init__(self, python: str, model_dir: Path, args: list[str], log_path: Path,
-                 port: int | None = None):
+    def __init__(self, python: str, model_dir: Path, args: list[str], log_path: Path, port: int | None = None):
         self.port = port or free_port()
         self.args = list(args)
         argv = [
-            python, "-m", "vllm.entrypoints.openai.api_server",
-            "--model", str(model_dir), "--served-model-name", MODEL_NAME,
-            "--host", HOST, "--port", str(self.port),
-            *BASE_SERVER_ARGS, *self.args,
+            python,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(model_dir),
+            "--served-model-name",
+            MODEL_NAME,
+            "--host",
+            HOST,
+            "--port",
+            str(self.port),
+            *BASE_SERVER_ARGS,
+            *self.args,
         ]
         super().__init__(argv, log_path, env=vllm_env(), cwd=log_path.parent)
         self.startup_seconds: list[float] = []
@@ -139,8 +147,9 @@ class Kvwatch(Process):
         self.port = free_port()
         self.target = target
         self.extra = list(extra)
-        argv = kvwatch_argv("run", "--target", target, "--listen", f"{HOST}:{self.port}",
-                            "--interval", "1", *self.extra)
+        argv = kvwatch_argv(
+            "run", "--target", target, "--listen", f"{HOST}:{self.port}", "--interval", "1", *self.extra
+        )
         super().__init__(argv, log_path, env=project_env(), cwd=REPO)
 
     @property
@@ -218,8 +227,11 @@ class LoadResult:
 
     def failure(self, server: VllmServer) -> str:
         """A short assertion message for failed requests: how many, the first errors, and whether vLLM lives."""
-        state = "still running" if server.running() else \
-            f"exited with {server.proc.returncode if server.proc else None}: {tail(server.log_path, 3)}"
+        state = (
+            "still running"
+            if server.running()
+            else f"exited with {server.proc.returncode if server.proc else None}: {tail(server.log_path, 3)}"
+        )
         return f"{self.failed} of {self.sent} requests failed, e.g. {self.errors[:2]}; vLLM {state}"
 
     def as_dict(self) -> dict:
@@ -255,16 +267,22 @@ async def drive_load(
     sem = asyncio.Semaphore(concurrency) if concurrency else None
     limits = httpx.Limits(max_connections=concurrency or num_requests, max_keepalive_connections=64)
 
-    async with httpx.AsyncClient(base_url=base_url, timeout=httpx.Timeout(max_seconds + 30),
-                                 limits=limits) as client:
+    async with httpx.AsyncClient(base_url=base_url, timeout=httpx.Timeout(max_seconds + 30), limits=limits) as client:
 
         async def one(i: int, prompt: list[int], max_tokens: int) -> None:
             async def call() -> None:
                 res.sent += 1
-                r = await client.post("/v1/completions", json={
-                    "model": MODEL_NAME, "prompt": prompt, "max_tokens": max_tokens,
-                    "ignore_eos": True, "temperature": 0.0, "stream": False,
-                })
+                r = await client.post(
+                    "/v1/completions",
+                    json={
+                        "model": MODEL_NAME,
+                        "prompt": prompt,
+                        "max_tokens": max_tokens,
+                        "ignore_eos": True,
+                        "temperature": 0.0,
+                        "stream": False,
+                    },
+                )
                 if r.status_code != 200:
                     res.failed += 1
                     res.errors.append(f"{r.status_code}: {r.text[:200]}")
@@ -306,7 +324,7 @@ async def drive_load(
                     t.cancel()
                 res.cancelled = len(pending)
                 await asyncio.gather(*pending, return_exceptions=True)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             res.cancelled = num_requests - res.ok - res.failed
     res.ended = time.monotonic()
     return res
@@ -332,8 +350,7 @@ class Snapshot:
         self.samples = parse_metrics(text)
 
     def series(self, name: str, **labels: str) -> list[tuple[dict[str, str], float]]:
-        return [(l, v) for l, v in self.samples.get(name, [])
-                if all(l.get(k) == want for k, want in labels.items())]
+        return [(ln, v) for ln, v in self.samples.get(name, []) if all(ln.get(k) == want for k, want in labels.items())]
 
     def value(self, name: str, **labels: str) -> float | None:
         found = self.series(name, **labels)
@@ -346,7 +363,7 @@ class Snapshot:
         found = self.series(name, **labels)
         if not found:
             return None
-        on = [l[label] for l, v in found if v == 1]
+        on = [ln[label] for ln, v in found if v == 1]
         assert len(on) == 1, f"{name}{labels}: exactly one state must be 1, got {found}"
         return on[0]
 
@@ -354,8 +371,8 @@ class Snapshot:
 @dataclass
 class Sample:
     t: float
-    kv: Snapshot | None          # kvwatch /metrics (None if it could not be read)
-    vllm: Snapshot | None        # vLLM /metrics read by the test itself (None while the server is down)
+    kv: Snapshot | None  # kvwatch /metrics (None if it could not be read)
+    vllm: Snapshot | None  # vLLM /metrics read by the test itself (None while the server is down)
     diagnosis: dict | None = None  # kvwatch /api/v1/diagnosis, read just after its /metrics
     took: dict = field(default_factory=dict)  # seconds from t to the end of each read (observe.py)
 
@@ -367,8 +384,17 @@ class Observer:
     shared between sessions first, so the reads keep their cadence however busy the test's process is."""
 
     def __init__(self, kvwatch_url: str, vllm_metrics_url: str | None, out: Path, period: float = 1.0):
-        argv = [sys.executable, "-m", "tests.e2e.observe", "--kvwatch", kvwatch_url, "--every", f"{period:g}",
-                "--out", str(out)]
+        argv = [
+            sys.executable,
+            "-m",
+            "tests.e2e.observe",
+            "--kvwatch",
+            kvwatch_url,
+            "--every",
+            f"{period:g}",
+            "--out",
+            str(out),
+        ]
         if vllm_metrics_url:
             argv += ["--vllm", vllm_metrics_url]
         out.unlink(missing_ok=True)
@@ -402,9 +428,15 @@ class Observer:
         for line in data[:done].splitlines():
             d = json.loads(line)
             t = d["t"]
-            self._samples.append(Sample(t, Snapshot(t, d["kvwatch"]) if d["kvwatch"] else None,
-                                        Snapshot(t, d["vllm"]) if d["vllm"] else None,
-                                        d.get("diagnosis"), d.get("took") or {}))
+            self._samples.append(
+                Sample(
+                    t,
+                    Snapshot(t, d["kvwatch"]) if d["kvwatch"] else None,
+                    Snapshot(t, d["vllm"]) if d["vllm"] else None,
+                    d.get("diagnosis"),
+                    d.get("took") or {},
+                )
+            )
         self._read += done
         return self._samples
 
@@ -419,8 +451,7 @@ def vllm_gauge(s: Snapshot, name: str) -> float | None:
 def summarize(values: list[float]) -> dict:
     if not values:
         return {"n": 0}
-    return {"n": len(values), "min": min(values), "max": max(values),
-            "mean": round(sum(values) / len(values), 3)}
+    return {"n": len(values), "min": min(values), "max": max(values), "mean": round(sum(values) / len(values), 3)}
 
 
 def counts(items: Iterable[str | None]) -> dict[str, int]:

@@ -49,11 +49,7 @@ MODEL_CONFIG = {
 
 #: bytes of KV cache per token for MODEL_CONFIG in bf16 (K and V, every layer)
 KV_BYTES_PER_TOKEN = (
-    2
-    * MODEL_CONFIG["num_hidden_layers"]
-    * MODEL_CONFIG["num_key_value_heads"]
-    * MODEL_CONFIG["head_dim"]
-    * 2
+    2 * MODEL_CONFIG["num_hidden_layers"] * MODEL_CONFIG["num_key_value_heads"] * MODEL_CONFIG["head_dim"] * 2
 )
 
 

@@ -21,26 +21,37 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .harness import (
-    MODEL_NAME, Kvwatch, LoadResult, Observer, Recorder, Sample, VllmServer, counts, drive_load, log,
-    summarize, vllm_gauge,
+    MODEL_NAME,
+    Kvwatch,
+    LoadResult,
+    Observer,
+    Recorder,
+    Sample,
+    VllmServer,
+    counts,
+    drive_load,
+    log,
+    summarize,
+    vllm_gauge,
 )
 
 
 @dataclass
 class Row:
     """What one sample says: vLLM's own gauges (ground truth) beside kvwatch's per-engine output."""
-    t: float                       # seconds since the load started (negative: before)
+
+    t: float  # seconds since the load started (negative: before)
     up: float | None
-    bottleneck: str | None         # per-engine kvwatch_bottleneck
+    bottleneck: str | None  # per-engine kvwatch_bottleneck
     target_bottleneck: str | None  # kvwatch_target_bottleneck
-    running: float | None          # vLLM's num_requests_running, read by the test
+    running: float | None  # vLLM's num_requests_running, read by the test
     waiting: float | None
     kv: float | None
-    preemptions: float | None      # vLLM's num_preemptions_total
+    preemptions: float | None  # vLLM's num_preemptions_total
     kw: dict = field(default_factory=dict)  # kvwatch per-engine gauges by short name
     # when the test's read of vLLM got its answer: between these two times (None: no answer)
     read: tuple[float, float] | None = None
-    steps: float | None = None        # vLLM's iteration_tokens_total: count (engine steps with output) ...
+    steps: float | None = None  # vLLM's iteration_tokens_total: count (engine steps with output) ...
     step_tokens: float | None = None  # ... and sum (their tokens), as the test read them
     # kvwatch's window (its first and last scrape summarised) and signals, from the /api/v1/diagnosis read
     # just after its /metrics
@@ -81,8 +92,19 @@ KW_GAUGES = {
 }
 
 #: derived series that are rates or amounts and so can never be negative
-NON_NEGATIVE = ["capacity", "usage", "running", "waiting", "prompt_tps", "gen_tps", "preempt_ps", "step_tokens",
-                "mean_seq", "est_max_conc", "to_full_s"]
+NON_NEGATIVE = [
+    "capacity",
+    "usage",
+    "running",
+    "waiting",
+    "prompt_tps",
+    "gen_tps",
+    "preempt_ps",
+    "step_tokens",
+    "mean_seq",
+    "est_max_conc",
+    "to_full_s",
+]
 
 
 def _signals(diagnosis: dict | None) -> dict:
@@ -127,7 +149,8 @@ def make_rows(samples: list[Sample], target: str, t0: float) -> list[Row]:
             row.kw["pressure"] = kv.state("kvwatch_kv_cache_pressure", "state", **eng)
             row.kw["timeouts"] = kv.value("kvwatch_scrape_errors_total", reason="timeout", target=target)
             row.kw["recommendations"] = sorted(
-                l["action"] for l, v in kv.series("kvwatch_recommendation", **eng) if v == 1)
+                ln["action"] for ln, v in kv.series("kvwatch_recommendation", **eng) if v == 1
+            )
         rows.append(row)
     return rows
 
@@ -141,18 +164,53 @@ def _fmt(v, w=7, nd=2) -> str:
 
 
 def write_timeline(rows: list[Row], path: Path) -> None:
-    cols = ["t", "up", "vRun", "vWait", "vKV", "bottleneck", "target", "pressure", "preempt/s", "prompt/s",
-            "gen/s", "gap", "step_tok", "mean_seq", "est_conc", "mns_cfg", "mns_inf", "mbt_cfg", "mbt_inf", "recs"]
+    cols = [
+        "t",
+        "up",
+        "vRun",
+        "vWait",
+        "vKV",
+        "bottleneck",
+        "target",
+        "pressure",
+        "preempt/s",
+        "prompt/s",
+        "gen/s",
+        "gap",
+        "step_tok",
+        "mean_seq",
+        "est_conc",
+        "mns_cfg",
+        "mns_inf",
+        "mbt_cfg",
+        "mbt_inf",
+        "recs",
+    ]
     lines = [" ".join(c.rjust(12 if c in ("bottleneck", "target", "pressure") else 9) for c in cols)]
     for r in rows:
         k = r.kw
-        vals = [_fmt(r.t, 9, 1), _fmt(r.up, 9, 0), _fmt(r.running, 9, 0), _fmt(r.waiting, 9, 0), _fmt(r.kv, 9, 3),
-                _fmt(r.bottleneck, 12), _fmt(r.target_bottleneck, 12), _fmt(k.get("pressure"), 12),
-                _fmt(k.get("preempt_ps"), 9), _fmt(k.get("prompt_tps"), 9, 0), _fmt(k.get("gen_tps"), 9, 0),
-                _fmt(k.get("gap"), 9, 0), _fmt(k.get("step_tokens"), 9, 1), _fmt(k.get("mean_seq"), 9, 0),
-                _fmt(k.get("est_max_conc"), 9), _fmt(k.get("max_num_seqs_configured"), 9, 0),
-                _fmt(k.get("max_num_seqs_inferred"), 9, 0), _fmt(k.get("budget_configured"), 9, 0),
-                _fmt(k.get("budget_inferred"), 9, 0), " " + ",".join(k.get("recommendations") or [])]
+        vals = [
+            _fmt(r.t, 9, 1),
+            _fmt(r.up, 9, 0),
+            _fmt(r.running, 9, 0),
+            _fmt(r.waiting, 9, 0),
+            _fmt(r.kv, 9, 3),
+            _fmt(r.bottleneck, 12),
+            _fmt(r.target_bottleneck, 12),
+            _fmt(k.get("pressure"), 12),
+            _fmt(k.get("preempt_ps"), 9),
+            _fmt(k.get("prompt_tps"), 9, 0),
+            _fmt(k.get("gen_tps"), 9, 0),
+            _fmt(k.get("gap"), 9, 0),
+            _fmt(k.get("step_tokens"), 9, 1),
+            _fmt(k.get("mean_seq"), 9, 0),
+            _fmt(k.get("est_max_conc"), 9),
+            _fmt(k.get("max_num_seqs_configured"), 9, 0),
+            _fmt(k.get("max_num_seqs_inferred"), 9, 0),
+            _fmt(k.get("budget_configured"), 9, 0),
+            _fmt(k.get("budget_inferred"), 9, 0),
+            " " + ",".join(k.get("recommendations") or []),
+        ]
         lines.append(" ".join(vals))
     path.write_text("\n".join(lines) + "\n")
 
@@ -163,8 +221,8 @@ class ScenarioRun:
     dir: Path
     server: VllmServer
     load: LoadResult
-    t_load_start: float                       # wall clock
-    rows: dict[str, list[Row]]                # per kvwatch variant
+    t_load_start: float  # wall clock
+    rows: dict[str, list[Row]]  # per kvwatch variant
     record_rc: int | None
     record_files: int
     seconds: float
@@ -188,11 +246,12 @@ class ScenarioRun:
 def saturated_rows(rows: list[Row], rounds: list[float], warmup: float) -> list[Row]:
     """Rows while vLLM's queue is non-empty (by the test's own read) and kvwatch is up, at least ``warmup`` s
     into a round of load (``rounds``: when each began, on the rows' clock)."""
+
     def into_round(t: float) -> float:
         began = [s for s in rounds if s <= t]
         return t - began[-1] if began else -1.0
-    return [r for r in rows
-            if r.waiting is not None and r.waiting > 0 and r.up == 1 and into_round(r.t) >= warmup]
+
+    return [r for r in rows if r.waiting is not None and r.waiting > 0 and r.up == 1 and into_round(r.t) >= warmup]
 
 
 def _kv_bound(rows: list[Row], admission_threshold: float):
@@ -230,8 +289,15 @@ def detection_latency(rows: list[Row], admission_threshold: float = 0.90) -> dic
     # kvwatch said kv_cache somewhere between the read before this one and this one: the latency is
     # at most latency_s and more than latency_s - read_gap_s (the reads slow down while vLLM is busy).
     gap = seen.t - rows[i - 1].t if i > 0 and seen.t > onset.t else 0.0
-    return {"onset_s": onset.t, "detected_s": seen.t, "latency_s": round(seen.t - onset.t, 2),
-            "read_gap_s": round(gap, 2), "onset_kv": onset.kv, "onset_waiting": onset.waiting, "judged": True}
+    return {
+        "onset_s": onset.t,
+        "detected_s": seen.t,
+        "latency_s": round(seen.t - onset.t, 2),
+        "read_gap_s": round(gap, 2),
+        "onset_kv": onset.kv,
+        "onset_waiting": onset.waiting,
+        "judged": True,
+    }
 
 
 @dataclass(frozen=True)
@@ -239,6 +305,7 @@ class Scrape:
     """One scrape in kvwatch's own record (/api/v1/history, the target's series): when it began, on the rows'
     clock (kvwatch stamps a scrape with its start), whether it succeeded, and the target's bottleneck then (with
     the lane's one engine, that engine's kvwatch_bottleneck)."""
+
     t: float
     up: bool
     bottleneck: str | None
@@ -250,16 +317,23 @@ def kvwatch_scrapes(history: dict, target: str, t0: float) -> list[Scrape]:
     if doc is None:
         return []
     series = doc["series"]
-    return [Scrape(round(t - t0, 3), up == 1, b)
-            for t, up, b in zip(series["t"], series["up"], series["bottleneck"], strict=True)]
+    return [
+        Scrape(round(t - t0, 3), up == 1, b)
+        for t, up, b in zip(series["t"], series["up"], series["bottleneck"], strict=True)
+    ]
 
 
 #: the README's promise: a KV-bound onset is named within this many of kvwatch's scrape intervals
 REACT_INTERVALS = 2.0
 
 
-def detection_in_scrapes(rows: list[Row], scrapes: list[Scrape], interval: float = 1.0,
-                         react: float = REACT_INTERVALS, admission_threshold: float = 0.90) -> dict:
+def detection_in_scrapes(
+    rows: list[Row],
+    scrapes: list[Scrape],
+    interval: float = 1.0,
+    react: float = REACT_INTERVALS,
+    admission_threshold: float = 0.90,
+) -> dict:
     """Was vLLM's KV-bound onset (detection_latency's, from the test's reads) named kv_cache within ``react``
     intervals, counted in kvwatch's own successful scrapes after it, as the preset judges count
     (tests/helpers/sim_judge.py)? Scrapes come at most one an interval, so a kvwatch that names the onset within
@@ -278,8 +352,14 @@ def detection_in_scrapes(rows: list[Row], scrapes: list[Scrape], interval: float
     allowed = int(react / interval) + 1
     at = next((i for i, r in enumerate(rows) if r.t >= 0 and kv_bound(r)), None)
     if at is None:
-        return {"onset_s": None, "allowed_scrapes": allowed, "named_at_scrape": None, "named": False,
-                "judged": False, "scrapes": []}
+        return {
+            "onset_s": None,
+            "allowed_scrapes": allowed,
+            "named_at_scrape": None,
+            "named": False,
+            "judged": False,
+            "scrapes": [],
+        }
     onset, prev = rows[at], rows[at - 1] if at else None
     onset_at = onset.read[1] if onset.read else onset.t
     since = (prev.read[0] if prev.read else prev.t) if prev else onset.t
@@ -289,10 +369,17 @@ def detection_in_scrapes(rows: list[Row], scrapes: list[Scrape], interval: float
     named_at = 0 if early else (None if first is None else first + 1)
     named = named_at is not None and named_at <= allowed
     still_bound = len(after) >= allowed and any(
-        kv_bound(r) and (r.read[0] if r.read else r.t) >= after[allowed - 1].t + KVWATCH_TIMEOUT for r in rows[at:])
-    return {"onset_s": onset.t, "onset_read_s": onset_at, "allowed_scrapes": allowed, "named_at_scrape": named_at,
-            "named": named, "judged": named or still_bound,
-            "scrapes": [(s.t, s.bottleneck) for s in after[:allowed + 2]]}
+        kv_bound(r) and (r.read[0] if r.read else r.t) >= after[allowed - 1].t + KVWATCH_TIMEOUT for r in rows[at:]
+    )
+    return {
+        "onset_s": onset.t,
+        "onset_read_s": onset_at,
+        "allowed_scrapes": allowed,
+        "named_at_scrape": named_at,
+        "named": named,
+        "judged": named or still_bound,
+        "scrapes": [(s.t, s.bottleneck) for s in after[: allowed + 2]],
+    }
 
 
 #: The largest share of kvwatch's scrapes that may fail during a load (the e2e judges read only samples with
@@ -302,8 +389,9 @@ def detection_in_scrapes(rows: list[Row], scrapes: list[Scrape], interval: float
 MAX_FAILED_SCRAPE_SHARE = 0.2
 
 
-def failed_scrapes(scrapes: list[Scrape], start: float, end: float,
-                   bound: float = MAX_FAILED_SCRAPE_SHARE) -> str | None:
+def failed_scrapes(
+    scrapes: list[Scrape], start: float, end: float, bound: float = MAX_FAILED_SCRAPE_SHARE
+) -> str | None:
     """Why kvwatch's scrapes stamped from ``start`` to ``end`` (a load, rows' clock) fail the bound, with the
     machine's load average (a starved machine reads as one); None when within it."""
     during = [s for s in scrapes if start <= s.t <= end]
@@ -311,8 +399,10 @@ def failed_scrapes(scrapes: list[Scrape], start: float, end: float,
     if during and failed <= bound * len(during):
         return None
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    return (f"{failed} of kvwatch's {len(during)} scrapes failed from {start:.1f} s to {end:.1f} s of the load "
-            f"(bound {bound:.0%}; about {end - start:.0f} ticks); load average {load}")
+    return (
+        f"{failed} of kvwatch's {len(during)} scrapes failed from {start:.1f} s to {end:.1f} s of the load "
+        f"(bound {bound:.0%}; about {end - start:.0f} ticks); load average {load}"
+    )
 
 
 def vllm_cache_config(samples) -> dict[str, str]:
@@ -364,8 +454,10 @@ def vllm_step_tokens_over(rows: list[Row], start: float, end: float) -> float | 
     reads = _reads(rows, "steps")
     if not reads:
         return None
+
     def near(t: float) -> Row:
         return min(reads, key=lambda r: abs((r.read[0] + r.read[1]) / 2 - t))
+
     a, b = near(start), near(end)
     if b.steps - a.steps <= 0:
         return None
@@ -379,12 +471,15 @@ def vllm_step_tokens_bounds(rows: list[Row], start: float, end: float) -> tuple[
     bounds are wide (each end moves by up to a read period and a scrape). None without a read on both sides
     of both ends."""
     reads = _reads(rows, "steps")
+
     def before(t: float) -> Row | None:
         got = [r for r in reads if r.read[1] <= t]
         return got[-1] if got else None
+
     def after(t: float) -> Row | None:
         got = [r for r in reads if r.read[0] >= t + KVWATCH_TIMEOUT]
         return got[0] if got else None
+
     s0, s1, e0, e1 = before(start), after(start), before(end), after(end)
     if None in (s0, s1, e0, e1):
         return None
@@ -415,16 +510,22 @@ def after_timeout(rows: list[Row], r: Row) -> bool:
 
 def brief(info: dict) -> str:
     """One short line of ``describe``'s figures for an assertion message (the whole lot is in summary.json)."""
+
     def rng(d: dict) -> str:
         return f"{d['min']:g}-{d['max']:g}" if d.get("n") else "-"
-    return (f"{info['samples']} samples; kvwatch {info['bottleneck']}; vLLM running {rng(info['vllm_running'])} "
-            f"waiting {rng(info['vllm_waiting'])} kv {rng(info['vllm_kv'])}")
+
+    return (
+        f"{info['samples']} samples; kvwatch {info['bottleneck']}; vLLM running {rng(info['vllm_running'])} "
+        f"waiting {rng(info['vllm_waiting'])} kv {rng(info['vllm_kv'])}"
+    )
 
 
 def describe(rows: list[Row]) -> dict:
     """Compact figures of a set of rows, for the summary and for assertion messages."""
+
     def vals(get):
         return [v for v in (get(r) for r in rows) if v is not None]
+
     return {
         "samples": len(rows),
         "bottleneck": counts(r.bottleneck for r in rows),
@@ -432,16 +533,38 @@ def describe(rows: list[Row]) -> dict:
         "vllm_running": summarize(vals(lambda r: r.running)),
         "vllm_waiting": summarize(vals(lambda r: r.waiting)),
         "vllm_kv": summarize(vals(lambda r: r.kv)),
-        **{f"kvwatch_{k}": summarize(vals(lambda r, k=k: r.kw.get(k)))
-           for k in ("preempt_ps", "step_tokens", "est_max_conc", "mean_seq", "prompt_tps", "gen_tps",
-                     "max_num_seqs_configured", "max_num_seqs_inferred", "budget_configured", "budget_inferred")},
+        **{
+            f"kvwatch_{k}": summarize(vals(lambda r, k=k: r.kw.get(k)))
+            for k in (
+                "preempt_ps",
+                "step_tokens",
+                "est_max_conc",
+                "mean_seq",
+                "prompt_tps",
+                "gen_tps",
+                "max_num_seqs_configured",
+                "max_num_seqs_inferred",
+                "budget_configured",
+                "budget_inferred",
+            )
+        },
         "pressure": counts(r.kw.get("pressure") for r in rows),
     }
 
 
-async def drive_rounds(name: str, server: VllmServer, load: dict, vocab_size: int, observers: dict[str, Observer],
-                       t0: float, *, min_saturated: int, warmup: float, max_rounds: int = 3,
-                       seed: int = 0) -> tuple[LoadResult, list[float]]:
+async def drive_rounds(
+    name: str,
+    server: VllmServer,
+    load: dict,
+    vocab_size: int,
+    observers: dict[str, Observer],
+    t0: float,
+    *,
+    min_saturated: int,
+    warmup: float,
+    max_rounds: int = 3,
+    seed: int = 0,
+) -> tuple[LoadResult, list[float]]:
     """Drive ``load`` (kwargs of drive_load), again with fresh prompts (up to ``max_rounds`` rounds) until
     every observer has read ``min_saturated`` saturated samples. Returns the rounds' result as one, and when
     each round began, in seconds from ``t0`` (the rows' clock)."""
@@ -453,12 +576,16 @@ async def drive_rounds(name: str, server: VllmServer, load: dict, vocab_size: in
         res = await drive_load(server.base_url, vocab_size=vocab_size, seed=seed + i, **load)
         log(f"[{name}] load done: {res.as_dict()}")
         result = res if result is None else result.add(res)
-        seen = {v: len(saturated_rows(make_rows(o.samples, server.metrics_url, t0), rounds, warmup))
-                for v, o in observers.items()}
+        seen = {
+            v: len(saturated_rows(make_rows(o.samples, server.metrics_url, t0), rounds, warmup))
+            for v, o in observers.items()
+        }
         if min(seen.values()) >= min_saturated:
             break
-        log(f"[{name}] saturated samples so far {seen}, fewer than {min_saturated}: the reads came far apart; "
-            "another round of the load")
+        log(
+            f"[{name}] saturated samples so far {seen}, fewer than {min_saturated}: the reads came far apart; "
+            "another round of the load"
+        )
     return result, rounds
 
 
@@ -487,12 +614,16 @@ async def run_scenario(
     ``min_saturated`` saturated samples: when the machine stalls, the test's reads come seconds apart and
     one round may leave too few to judge. A fast machine needs one round."""
     t_begin = time.monotonic()
-    kvwatches = {v: Kvwatch(server.metrics_url, scenario_dir / f"kvwatch-{v}.log", flags)
-                 for v, flags in variants.items()}
-    recorder = Recorder(server.metrics_url, scenario_dir / "recording", record_seconds,
-                        scenario_dir / "kvwatch-record.log")
-    observers = {v: Observer(k.url, server.metrics_url, scenario_dir / f"kvwatch-{v}.jsonl", observe_every)
-                 for v, k in kvwatches.items()}
+    kvwatches = {
+        v: Kvwatch(server.metrics_url, scenario_dir / f"kvwatch-{v}.log", flags) for v, flags in variants.items()
+    }
+    recorder = Recorder(
+        server.metrics_url, scenario_dir / "recording", record_seconds, scenario_dir / "kvwatch-record.log"
+    )
+    observers = {
+        v: Observer(k.url, server.metrics_url, scenario_dir / f"kvwatch-{v}.jsonl", observe_every)
+        for v, k in kvwatches.items()
+    }
     try:
         for k in kvwatches.values():
             k.start_and_wait()
@@ -503,8 +634,17 @@ async def run_scenario(
         try:
             await asyncio.sleep(baseline)
             t_load_start = time.time()
-            result, rounds = await drive_rounds(name, server, load, vocab_size, observers, t_load_start,
-                                                min_saturated=min_saturated, warmup=warmup, max_rounds=max_rounds)
+            result, rounds = await drive_rounds(
+                name,
+                server,
+                load,
+                vocab_size,
+                observers,
+                t_load_start,
+                min_saturated=min_saturated,
+                warmup=warmup,
+                max_rounds=max_rounds,
+            )
             load_seconds = time.time() - t_load_start
             await asyncio.sleep(settle)
             # keep observing until the recording is complete
@@ -525,17 +665,38 @@ async def run_scenario(
     for v, o in observers.items():
         rows[v] = make_rows(o.samples, server.metrics_url, t_load_start)
         write_timeline(rows[v], scenario_dir / f"timeline-{v}.txt")
-    run = ScenarioRun(name, scenario_dir, server, result, t_load_start, rows, record_rc,
-                      len(recorder.files()), round(time.monotonic() - t_begin, 1), rounds=rounds,
-                      samples={v: o.samples for v, o in observers.items()},
-                      scrapes={v: kvwatch_scrapes(h, server.metrics_url, t_load_start) for v, h in histories.items()})
+    run = ScenarioRun(
+        name,
+        scenario_dir,
+        server,
+        result,
+        t_load_start,
+        rows,
+        record_rc,
+        len(recorder.files()),
+        round(time.monotonic() - t_begin, 1),
+        rounds=rounds,
+        samples={v: o.samples for v, o in observers.items()},
+        scrapes={v: kvwatch_scrapes(h, server.metrics_url, t_load_start) for v, h in histories.items()},
+    )
     failures = {v: failed_scrapes(run.scrapes[v], 0.0, load_seconds) for v in variants}
     run.summary = {
-        "scenario": name, "server_args": server.args, "server_startup_seconds": server.startup_seconds,
-        "load": load, "load_rounds": rounds, "load_result": result.as_dict(), "scenario_seconds": run.seconds,
+        "scenario": name,
+        "server_args": server.args,
+        "server_startup_seconds": server.startup_seconds,
+        "load": load,
+        "load_rounds": rounds,
+        "load_result": result.as_dict(),
+        "scenario_seconds": run.seconds,
         "record": {"rc": record_rc, "files": run.record_files, "duration": record_seconds},
-        "variants": {v: {"flags": variants[v], "all": describe(rows[v]),
-                         "failed_scrapes": failures[v] or f"within {MAX_FAILED_SCRAPE_SHARE:.0%}"} for v in variants},
+        "variants": {
+            v: {
+                "flags": variants[v],
+                "all": describe(rows[v]),
+                "failed_scrapes": failures[v] or f"within {MAX_FAILED_SCRAPE_SHARE:.0%}",
+            }
+            for v in variants
+        },
     }
     run.write_summary()
     # every verdict reads only samples with kvwatch up: kvwatch is held to scraping during the load too

@@ -15,14 +15,29 @@ import pytest
 
 from .harness import Kvwatch, Observer, Recorder, counts, drive_load, finite, log
 from .scenario import (
-    MIN_SAMPLES, NON_NEGATIVE, after_timeout, brief, describe, detection_in_scrapes, detection_latency, drive_rounds,
-    evaluated_since, failed_scrapes, kvwatch_scrapes, kvwatch_window, make_rows, run_scenario, saturated_rows,
-    save_summary, vllm_rose_within, write_timeline,
+    MIN_SAMPLES,
+    NON_NEGATIVE,
+    after_timeout,
+    brief,
+    describe,
+    detection_in_scrapes,
+    detection_latency,
+    drive_rounds,
+    evaluated_since,
+    failed_scrapes,
+    kvwatch_scrapes,
+    kvwatch_window,
+    make_rows,
+    run_scenario,
+    saturated_rows,
+    save_summary,
+    vllm_rose_within,
+    write_timeline,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
-KV_BYTES = 16 * 1024 * 1024          # 16 MiB at 4 KiB per token (bf16, see make_model.py) => 4096 tokens
+KV_BYTES = 16 * 1024 * 1024  # 16 MiB at 4 KiB per token (bf16, see make_model.py) => 4096 tokens
 KV_TOKENS = 4096
 SERVER_ARGS = ["--max-model-len", "1024", "--kv-cache-memory-bytes", str(KV_BYTES), "--max-num-seqs", "32"]
 #: 200 requests of 250 prompt + 250 generated tokens, all at once: ~8 fit in 4096 KV tokens, ~190 wait
@@ -44,9 +59,18 @@ def server(server_factory):
 
 
 async def test_kv_cache(server, scenario_dir, vocab_size):
-    run = await run_scenario("kv_cache", scenario_dir, server, load=LOAD, vocab_size=vocab_size,
-                             variants={"nohint": []}, record_seconds=40, observe_every=OBSERVE_EVERY,
-                             min_saturated=MIN_SAMPLES, warmup=WARMUP)
+    run = await run_scenario(
+        "kv_cache",
+        scenario_dir,
+        server,
+        load=LOAD,
+        vocab_size=vocab_size,
+        variants={"nohint": []},
+        record_seconds=40,
+        observe_every=OBSERVE_EVERY,
+        min_saturated=MIN_SAMPLES,
+        warmup=WARMUP,
+    )
     rows = run.rows["nohint"]
     # Reported (bench/RESULTS.md), not held to a time: the goal is <= 2 scrape intervals (1 s each).
     detection = detection_latency(rows) | {"interval_s": 1.0}
@@ -96,8 +120,11 @@ async def test_kv_cache(server, scenario_dir, vocab_size):
     est = [r.kw["est_max_conc"] for r in sat if r.kw.get("est_max_conc") is not None]
     assert est, "kvwatch_estimated_max_concurrency never exported while waiting"
     estimate = statistics.median(est)
-    run.write_summary(observed_mean_running=statistics.mean(r.running for r in sat), observed_median_running=observed,
-                      estimated_max_concurrency_median=estimate)
+    run.write_summary(
+        observed_mean_running=statistics.mean(r.running for r in sat),
+        observed_median_running=observed,
+        estimated_max_concurrency_median=estimate,
+    )
     assert abs(estimate - observed) <= 0.30 * observed, (estimate, observed)
 
 
@@ -122,8 +149,8 @@ async def test_detection_latency(server, scenario_dir, vocab_size):
     kw = Kvwatch(server.metrics_url, scenario_dir / "kvwatch-nohint.log")
     kw.start_and_wait()
     obs = Observer(kw.url, server.metrics_url, scenario_dir / "kvwatch-nohint.jsonl", OBSERVE_EVERY)
-    results: list[dict] = []    # bursts whose onset could be judged
-    unjudged: list[dict] = []   # the test's reads were too sparse to tell (see detection_latency)
+    results: list[dict] = []  # bursts whose onset could be judged
+    unjudged: list[dict] = []  # the test's reads were too sparse to tell (see detection_latency)
     try:
         task = asyncio.create_task(obs.run())
         try:
@@ -139,8 +166,12 @@ async def test_detection_latency(server, scenario_dir, vocab_size):
                 write_timeline(rows, scenario_dir / f"timeline-burst{i + 1}.txt")
                 before = [r.bottleneck for r in rows if r.t < 0]
                 named = detection_in_scrapes(rows, scrapes)
-                r = detection_latency(rows) | {"burst": i + 1, "before": counts(before), "in_scrapes": named,
-                                               "failed_scrapes": failed_scrapes(scrapes, 0.0, t1 - t0)}
+                r = detection_latency(rows) | {
+                    "burst": i + 1,
+                    "before": counts(before),
+                    "in_scrapes": named,
+                    "failed_scrapes": failed_scrapes(scrapes, 0.0, t1 - t0),
+                }
                 (results if named["judged"] else unjudged).append(r)
                 if len(results) >= BURSTS:
                     break
@@ -151,10 +182,17 @@ async def test_detection_latency(server, scenario_dir, vocab_size):
         kw.stop(grace=5)
 
     latencies = [r["latency_s"] for r in results if r["latency_s"] is not None]
-    summary = {"scenario": "detection", "server_args": server.args, "bursts": BURST, "onsets": results,
-               "unjudged": unjudged, "median_latency_s": statistics.median(latencies) if latencies else None,
-               "interval_s": 1.0, "server_startup_seconds": server.startup_seconds,
-               "scenario_seconds": round(time.monotonic() - t_begin, 1)}
+    summary = {
+        "scenario": "detection",
+        "server_args": server.args,
+        "bursts": BURST,
+        "onsets": results,
+        "unjudged": unjudged,
+        "median_latency_s": statistics.median(latencies) if latencies else None,
+        "interval_s": 1.0,
+        "server_startup_seconds": server.startup_seconds,
+        "scenario_seconds": round(time.monotonic() - t_begin, 1),
+    }
     save_summary(scenario_dir, summary)
     log(f"[detection] {json.dumps(summary, default=str)}")
 
@@ -164,17 +202,19 @@ async def test_detection_latency(server, scenario_dir, vocab_size):
     assert len(results) >= BURSTS, f"only {len(results)} bursts could be judged; the others: {unjudged}"
     for r in results:
         d = r["in_scrapes"]
-        assert d["named"], (f"burst {r['burst']}: kvwatch named the KV-bound onset at {d['onset_s']} s only at its "
-                            f"successful scrape {d['named_at_scrape']} after it (allowed {d['allowed_scrapes']}, "
-                            f"2 intervals): {d['scrapes']}")
+        assert d["named"], (
+            f"burst {r['burst']}: kvwatch named the KV-bound onset at {d['onset_s']} s only at its "
+            f"successful scrape {d['named_at_scrape']} after it (allowed {d['allowed_scrapes']}, "
+            f"2 intervals): {d['scrapes']}"
+        )
 
 
 # --------------------------------------------------------------------------------------------- restart
 
 #: after the restart: 120 requests of 250 + 250 tokens at once, KV-bound again
 LOAD2 = dict(num_requests=120, input_len=250, output_len=250, max_seconds=60)
-GAP_MIN = 12.0            # the server stays down at least this long (> kvwatch's 10 s window) before restart
-KILL_AFTER = 8.0          # seconds into the first load when vLLM is killed (SIGKILL to its process group)
+GAP_MIN = 12.0  # the server stays down at least this long (> kvwatch's 10 s window) before restart
+KILL_AFTER = 8.0  # seconds into the first load when vLLM is killed (SIGKILL to its process group)
 
 
 async def test_restart(server, scenario_dir, vocab_size):
@@ -193,8 +233,17 @@ async def test_restart(server, scenario_dir, vocab_size):
         try:
             await asyncio.sleep(3)
             marks["load1"] = time.time()
-            load1 = asyncio.create_task(drive_load(server.base_url, vocab_size=vocab_size, num_requests=80,
-                                                   input_len=250, output_len=250, max_seconds=40, seed=1))
+            load1 = asyncio.create_task(
+                drive_load(
+                    server.base_url,
+                    vocab_size=vocab_size,
+                    num_requests=80,
+                    input_len=250,
+                    output_len=250,
+                    max_seconds=40,
+                    seed=1,
+                )
+            )
             await asyncio.sleep(KILL_AFTER)
             log("[restart] killing vLLM (SIGKILL to its process group)")
             marks["kill"] = time.time()
@@ -207,8 +256,17 @@ async def test_restart(server, scenario_dir, vocab_size):
             marks["healthy"] = time.time()
             await asyncio.sleep(3)
             marks["load2"] = time.time()
-            res2, rounds2 = await drive_rounds("restart", server, LOAD2, vocab_size, {"nohint": obs}, marks["kill"],
-                                               min_saturated=MIN_SAMPLES, warmup=WARMUP, seed=2)
+            res2, rounds2 = await drive_rounds(
+                "restart",
+                server,
+                LOAD2,
+                vocab_size,
+                {"nohint": obs},
+                marks["kill"],
+                min_saturated=MIN_SAMPLES,
+                warmup=WARMUP,
+                seed=2,
+            )
             marks["load2_end"] = time.time()
             log(f"[restart] second load: {res2.as_dict()}")
             await asyncio.sleep(5)
@@ -235,18 +293,30 @@ async def test_restart(server, scenario_dir, vocab_size):
     stale_zone = [r for r in down if evaluated_since(rows, r, 5.0 + 1.0)]
     after = [r for r in rows if r.t >= rel["healthy"] + 3.0]
     sat2 = saturated_rows(rows, rounds2, WARMUP)
-    negatives = [(r.t, k, r.kw[k]) for r in rows for k in NON_NEGATIVE
-                 if r.kw.get(k) is not None and (not finite(r.kw[k]) or r.kw[k] < 0)]
+    negatives = [
+        (r.t, k, r.kw[k])
+        for r in rows
+        for k in NON_NEGATIVE
+        if r.kw.get(k) is not None and (not finite(r.kw[k]) or r.kw[k] < 0)
+    ]
     summary = {
-        "scenario": "restart", "server_args": server.args,
-        "marks_relative_to_kill": rel, "server_startup_seconds": server.startup_seconds,
-        "load1": res1.as_dict(), "load2": res2.as_dict(), "load2_rounds": len(rounds2),
+        "scenario": "restart",
+        "server_args": server.args,
+        "marks_relative_to_kill": rel,
+        "server_startup_seconds": server.startup_seconds,
+        "load1": res1.as_dict(),
+        "load2": res2.as_dict(),
+        "load2_rounds": len(rounds2),
         "scenario_seconds": round(time.monotonic() - t_begin, 1),
         "record": {"rc": record_rc, "files": len(recorder.files())},
-        "down": {"samples": len(down), "up": counts(r.up for r in down),
-                 "target_bottleneck": counts(r.target_bottleneck for r in down),
-                 "bottleneck": counts(r.bottleneck for r in down)},
-        "after_restart": describe(after), "saturated_after_restart": describe(sat2),
+        "down": {
+            "samples": len(down),
+            "up": counts(r.up for r in down),
+            "target_bottleneck": counts(r.target_bottleneck for r in down),
+            "bottleneck": counts(r.bottleneck for r in down),
+        },
+        "after_restart": describe(after),
+        "saturated_after_restart": describe(sat2),
         "negatives": negatives[:20],
     }
     save_summary(scenario_dir, summary)
@@ -254,12 +324,14 @@ async def test_restart(server, scenario_dir, vocab_size):
 
     # the recording goes on through the outage: snapshots from before the kill and after the restart
     stamps = [float(f.stem) for f in recorder.files()]  # <unix_time>.prom
-    assert any(t < marks["kill"] for t in stamps) and any(t > marks["healthy"] for t in stamps), \
+    assert any(t < marks["kill"] for t in stamps) and any(t > marks["healthy"] for t in stamps), (
         f"kvwatch record: {len(stamps)} files, kill at {marks['kill']:.0f}, healthy at {marks['healthy']:.0f}"
+    )
     assert len(down) >= MIN_SAMPLES, f"too few samples while vLLM was down: {len(down)}"
     assert all(r.up == 0 for r in down), f"kvwatch_up while down: {counts(r.up for r in down)}"
-    assert unreachable_zone and all(r.target_bottleneck == "unreachable" for r in unreachable_zone), \
+    assert unreachable_zone and all(r.target_bottleneck == "unreachable" for r in unreachable_zone), (
         f"kvwatch_target_bottleneck while down: {counts(r.target_bottleneck for r in unreachable_zone)}"
+    )
     assert all(r.kw.get("usage") is None for r in stale_zone), "derived series not withdrawn while down"
     assert not negatives, f"negative or non-finite derived values: {negatives[:10]}"
     # diagnosis resumes: up again, per-engine series back, and the same server under the same load is kv_cache again.
@@ -268,8 +340,11 @@ async def test_restart(server, scenario_dir, vocab_size):
     down_after = [(r.t, r.up) for r in after if r.up != 1 and not after_timeout(rows, r)]
     assert after and not down_after, f"kvwatch_up after restart (t, up): {down_after}"
     # a run of timed-out scrapes ends in stale (series withdrawn) and unreachable by design: let off the same samples
-    lost = [(r.t, r.bottleneck, r.target_bottleneck) for r in after if not after_timeout(rows, r)
-            and (r.bottleneck is None or r.target_bottleneck in (None, "unreachable"))]
+    lost = [
+        (r.t, r.bottleneck, r.target_bottleneck)
+        for r in after
+        if not after_timeout(rows, r) and (r.bottleneck is None or r.target_bottleneck in (None, "unreachable"))
+    ]
     assert not lost, f"no diagnosis after restart (t, bottleneck, target): {lost}"
     assert len(sat2) >= MIN_SAMPLES, f"too few saturated samples after restart: {brief(describe(sat2))}"
     bn = counts(r.bottleneck for r in sat2)

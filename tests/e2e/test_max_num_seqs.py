@@ -14,8 +14,14 @@ from .scenario import MIN_SAMPLES, brief, describe, run_scenario
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 MAX_NUM_SEQS = 4
-SERVER_ARGS = ["--max-model-len", "1024", "--kv-cache-memory-bytes", str(128 * 1024 * 1024),
-               "--max-num-seqs", str(MAX_NUM_SEQS)]
+SERVER_ARGS = [
+    "--max-model-len",
+    "1024",
+    "--kv-cache-memory-bytes",
+    str(128 * 1024 * 1024),
+    "--max-num-seqs",
+    str(MAX_NUM_SEQS),
+]
 #: two clients in a closed loop: never more than 2 of 4 sequences in use, nothing waits
 #: (25-37 s here; max_seconds is a cap for a wedged server, with room for a slower machine)
 LIGHT = dict(num_requests=60, input_len=128, output_len=256, concurrency=2, max_seconds=120)
@@ -43,8 +49,9 @@ def server(server_factory):
 
 
 async def test_healthy(server, scenario_dir, vocab_size):
-    run = await run_scenario("healthy", scenario_dir, server, load=LIGHT, vocab_size=vocab_size,
-                             variants={"nohint": []}, record_seconds=30)
+    run = await run_scenario(
+        "healthy", scenario_dir, server, load=LIGHT, vocab_size=vocab_size, variants={"nohint": []}, record_seconds=30
+    )
     rows = [r for r in run.rows["nohint"] if r.up == 1]
     info = describe(rows)
     run.write_summary(up_rows=info)
@@ -53,7 +60,10 @@ async def test_healthy(server, scenario_dir, vocab_size):
     # served, in whatever time the machine allows: LIGHT's 60 requests took 25-37 s on an idle machine, and a
     # loaded one stretches that past max_seconds (which then ends the load, nothing fails)
     assert run.load.ok >= LIGHT["concurrency"], f"only {run.load.ok} requests served in {LIGHT['max_seconds']} s"
-    assert run.record_rc == 0 and run.record_files >= 8, (run.record_rc, run.record_files)  # see test_max_num_seqs below
+    assert run.record_rc == 0 and run.record_files >= 8, (
+        run.record_rc,
+        run.record_files,
+    )  # see test_max_num_seqs below
     # the scenario itself: nothing ever waited in vLLM
     assert max(r.waiting for r in rows if r.waiting is not None) == 0, info["vllm_waiting"]
     assert len(rows) >= 2 * MIN_SAMPLES, brief(info)
@@ -64,8 +74,17 @@ async def test_healthy(server, scenario_dir, vocab_size):
 
 async def test_max_num_seqs(server, scenario_dir, vocab_size):
     variants = {"hint": ["--max-num-seqs", str(MAX_NUM_SEQS)], "nohint": []}
-    run = await run_scenario("max_num_seqs", scenario_dir, server, load=BURST, vocab_size=vocab_size,
-                             variants=variants, record_seconds=35, min_saturated=MIN_SAMPLES, warmup=WARMUP)
+    run = await run_scenario(
+        "max_num_seqs",
+        scenario_dir,
+        server,
+        load=BURST,
+        vocab_size=vocab_size,
+        variants=variants,
+        record_seconds=35,
+        min_saturated=MIN_SAMPLES,
+        warmup=WARMUP,
+    )
     assert run.load.failed == 0, run.load.failure(server)
     # kvwatch record saves one file a scrape: a CPU-starved machine slows it (13 of 40 s at load 13), so only
     # that it recorded (a broken recorder writes 0 or 1), not how fast
@@ -95,5 +114,6 @@ async def test_max_num_seqs(server, scenario_dir, vocab_size):
     # only holds those reads infers 3 -- correctly for what it saw.
     inferred = [r.kw.get("max_num_seqs_inferred") for r in sats["nohint"]]
     named = [x for x in inferred if x is not None]
-    assert named and named.count(MAX_NUM_SEQS) >= SHARE * len(named) and max(named) == MAX_NUM_SEQS, \
+    assert named and named.count(MAX_NUM_SEQS) >= SHARE * len(named) and max(named) == MAX_NUM_SEQS, (
         f"kvwatch_max_num_seqs{{source=inferred}} while waiting: {counts(inferred)}"
+    )

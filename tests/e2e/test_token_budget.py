@@ -11,14 +11,28 @@ import pytest
 
 from .harness import Sample, counts, log
 from .scenario import (
-    MIN_SAMPLES, brief, describe, kvwatch_window, run_scenario, vllm_step_tokens_bounds, vllm_step_tokens_over,
+    MIN_SAMPLES,
+    brief,
+    describe,
+    kvwatch_window,
+    run_scenario,
+    vllm_step_tokens_bounds,
+    vllm_step_tokens_over,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 BUDGET = 256
-SERVER_ARGS = ["--max-model-len", "2048", "--kv-cache-memory-bytes", str(256 * 1024 * 1024),
-               "--max-num-seqs", "64", "--max-num-batched-tokens", str(BUDGET)]
+SERVER_ARGS = [
+    "--max-model-len",
+    "2048",
+    "--kv-cache-memory-bytes",
+    str(256 * 1024 * 1024),
+    "--max-num-seqs",
+    "64",
+    "--max-num-batched-tokens",
+    str(BUDGET),
+]
 #: 120 requests of 1800 prompt + 30 generated tokens, all at once (~27 s on 2 cores)
 BURST = dict(num_requests=120, input_len=1800, output_len=30, max_seconds=90)
 WARMUP = 5.0
@@ -47,20 +61,31 @@ def vllm_step_tokens(samples: list[Sample], saturated_at: set[float], t0: float)
     the drain at the end of a round of load never counts. None if there is no such span."""
     read = [s for s in samples if s.vllm]
     tokens = steps = 0.0
-    for a, b in zip(read, read[1:]):
+    for a, b in zip(read, read[1:], strict=False):
         if round(a.t - t0, 2) in saturated_at and round(b.t - t0, 2) in saturated_at:
-            tokens += b.vllm.value("vllm:iteration_tokens_total_sum", engine="0") - \
-                a.vllm.value("vllm:iteration_tokens_total_sum", engine="0")
-            steps += b.vllm.value("vllm:iteration_tokens_total_count", engine="0") - \
-                a.vllm.value("vllm:iteration_tokens_total_count", engine="0")
+            tokens += b.vllm.value("vllm:iteration_tokens_total_sum", engine="0") - a.vllm.value(
+                "vllm:iteration_tokens_total_sum", engine="0"
+            )
+            steps += b.vllm.value("vllm:iteration_tokens_total_count", engine="0") - a.vllm.value(
+                "vllm:iteration_tokens_total_count", engine="0"
+            )
     return tokens / steps if steps else None
 
 
 async def test_token_budget(server, scenario_dir, vocab_size):
     variants = {"hint": ["--max-num-batched-tokens", str(BUDGET)], "nohint": []}
-    run = await run_scenario("token_budget", scenario_dir, server, load=BURST, vocab_size=vocab_size,
-                             variants=variants, record_seconds=40, observe_every=OBSERVE_EVERY,
-                             min_saturated=MIN_SAMPLES, warmup=WARMUP)
+    run = await run_scenario(
+        "token_budget",
+        scenario_dir,
+        server,
+        load=BURST,
+        vocab_size=vocab_size,
+        variants=variants,
+        record_seconds=40,
+        observe_every=OBSERVE_EVERY,
+        min_saturated=MIN_SAMPLES,
+        warmup=WARMUP,
+    )
     assert run.load.failed == 0, run.load.failure(server)
     # kvwatch record saves one file a scrape: a CPU-starved machine slows it (13 of 40 s at load 13), so only
     # that it recorded (a broken recorder writes 0 or 1), not how fast
@@ -103,12 +128,20 @@ async def test_token_budget(server, scenario_dir, vocab_size):
                 judged.append((r.t, r.kw["step_tokens"], same, bounds))
         shown = [(t, round(x, 1), round(same, 1), (round(lo, 1), round(hi, 1))) for t, x, same, (lo, hi) in judged]
         assert len(judged) >= MIN_SAMPLES, f"{v}: {len(judged)} samples with kvwatch's window and vLLM's reads"
-        outside = [j for j, (_, x, _, (lo, hi)) in zip(shown, judged) if not lo * (1 - 1e-9) <= x <= hi * (1 + 1e-9)]
-        assert not outside, f"{v}: kvwatch_engine_step_tokens outside what vLLM's counters allow (t, kvwatch, " \
+        outside = [
+            j
+            for j, (_, x, _, (lo, hi)) in zip(shown, judged, strict=False)
+            if not lo * (1 - 1e-9) <= x <= hi * (1 + 1e-9)
+        ]
+        assert not outside, (
+            f"{v}: kvwatch_engine_step_tokens outside what vLLM's counters allow (t, kvwatch, "
             f"vLLM over the window, bounds): {outside}"
+        )
         dev = statistics.median(abs(x / same - 1) for _, x, same, _ in judged)
         run.write_summary(**{f"step_tokens_median_deviation_{v}": round(dev, 4)})
-        assert dev <= STEP_TOLERANCE, f"{v}: kvwatch_engine_step_tokens vs vLLM's over the same window, median " \
+        assert dev <= STEP_TOLERANCE, (
+            f"{v}: kvwatch_engine_step_tokens vs vLLM's over the same window, median "
             f"relative difference {dev:.3f}; (t, kvwatch, vLLM, bounds): {shown}"
+        )
     configured = [r.kw.get("budget_configured") for r in run.rows["hint"] if r.up == 1]
     assert set(configured) == {BUDGET}, f"kvwatch_max_num_batched_tokens{{source=configured}}: {counts(configured)}"

@@ -16,8 +16,9 @@ from pathlib import Path
 __all__ = ["vllm_result", "write_result"]
 
 
-def vllm_result(end: float, duration: float, concurrency: int | None, ttft_p99_ms: float, itl_p99_ms: float,
-                **extra) -> dict:
+def vllm_result(
+    end: float, duration: float, concurrency: int | None, ttft_p99_ms: float, itl_p99_ms: float, **extra
+) -> dict:
     doc = {
         "date": time.strftime("%Y%m%d-%H%M%S", time.localtime(end)),
         "endpoint_type": "vllm",
@@ -42,8 +43,14 @@ def vllm_result(end: float, duration: float, concurrency: int | None, ttft_p99_m
         "max_concurrent_requests": concurrency or 40,
     }
     for metric, p99 in (("ttft", ttft_p99_ms), ("tpot", itl_p99_ms), ("itl", itl_p99_ms)):
-        doc.update({f"mean_{metric}_ms": p99 / 3, f"median_{metric}_ms": p99 / 4, f"std_{metric}_ms": p99 / 5,
-                    f"p99_{metric}_ms": p99})
+        doc.update(
+            {
+                f"mean_{metric}_ms": p99 / 3,
+                f"median_{metric}_ms": p99 / 4,
+                f"std_{metric}_ms": p99 / 5,
+                f"p99_{metric}_ms": p99,
+            }
+        )
     doc.update(extra)
     return doc
 

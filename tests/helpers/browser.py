@@ -161,12 +161,16 @@ class Page:
 
     def wait_for(self, expression: str, timeout: float = 60.0, what: str | None = None, interval: float = 0.2) -> Any:
         """Poll ``expression`` until it is truthy (returned). A generous upper bound, never a speed test."""
-        return wait_for(lambda: self.evaluate(expression), timeout, what or expression, interval,
-                        on_timeout=lambda: "console:\n" + "\n".join(self.console[-20:]))
+        return wait_for(
+            lambda: self.evaluate(expression),
+            timeout,
+            what or expression,
+            interval,
+            on_timeout=lambda: "console:\n" + "\n".join(self.console[-20:]),
+        )
 
     def set_viewport(self, width: int, height: int, mobile: bool = False) -> None:
-        self.send("Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1,
-                  mobile=mobile)
+        self.send("Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1, mobile=mobile)
 
     def goto(self, url: str, timeout: float = 60.0) -> None:
         """Navigate and wait until the document has loaded (its deferred scripts have run)."""
@@ -219,8 +223,15 @@ class Browser:
     def start(self) -> Browser:
         self.profile = tempfile.TemporaryDirectory(prefix="kvwatch-chromium-")
         self.port = free_port()
-        argv = [self.binary, *FLAGS, f"--user-data-dir={self.profile.name}",
-                f"--remote-debugging-address=127.0.0.1", f"--remote-debugging-port={self.port}", "about:blank"]
+        assert self.binary is not None, "no Chromium"
+        argv = [
+            self.binary,
+            *FLAGS,
+            f"--user-data-dir={self.profile.name}",
+            "--remote-debugging-address=127.0.0.1",
+            f"--remote-debugging-port={self.port}",
+            "about:blank",
+        ]
         self.proc = Process(argv, self.log_dir / "chromium.log", name="chromium").start()
         self.proc.wait_for_url(self.base + "/json/version", timeout=60, what="Chromium's DevTools endpoint")
         self._loop = _Loop()

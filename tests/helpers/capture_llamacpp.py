@@ -62,23 +62,38 @@ class Scenario:
 
     def load(self) -> str:
         sizes = sorted({(r.prompt_tokens, r.n_predict) for r in self.requests})
-        shapes = ", ".join(f"{sum(1 for r in self.requests if (r.prompt_tokens, r.n_predict) == s)} x "
-                           f"({s[0]} prompt + {s[1]} n_predict)" for s in sizes)
+        shapes = ", ".join(
+            f"{sum(1 for r in self.requests if (r.prompt_tokens, r.n_predict) == s)} x "
+            f"({s[0]} prompt + {s[1]} n_predict)"
+            for s in sizes
+        )
         return f"{shapes}, {self.concurrency} at a time, /completion with ignore_eos"
 
 
 SCENARIOS = {
     s.name: s
     for s in (
-        Scenario("slot_ceiling", {"parallel": 2, "ctx_size": 1024},
-                 tuple(Request(64, 384) for _ in range(24)), 16,
-                 "more concurrent requests than slots: the slot ceiling (--parallel) binds"),
-        Scenario("light", {"parallel": 2, "ctx_size": 1024},
-                 tuple(Request(64, 384) for _ in range(10)), 1,
-                 "one request at a time: nothing binds"),
-        Scenario("context_too_small", {"parallel": 2, "ctx_size": 512},
-                 tuple(r for _ in range(6) for r in (Request(300, 8), Request(200, 200), Request(120, 200))), 2,
-                 "256 tokens of context a slot: long prompts are refused (HTTP 400), long generations cut short"),
+        Scenario(
+            "slot_ceiling",
+            {"parallel": 2, "ctx_size": 1024},
+            tuple(Request(64, 384) for _ in range(24)),
+            16,
+            "more concurrent requests than slots: the slot ceiling (--parallel) binds",
+        ),
+        Scenario(
+            "light",
+            {"parallel": 2, "ctx_size": 1024},
+            tuple(Request(64, 384) for _ in range(10)),
+            1,
+            "one request at a time: nothing binds",
+        ),
+        Scenario(
+            "context_too_small",
+            {"parallel": 2, "ctx_size": 512},
+            tuple(r for _ in range(6) for r in (Request(300, 8), Request(200, 200), Request(120, 200))),
+            2,
+            "256 tokens of context a slot: long prompts are refused (HTTP 400), long generations cut short",
+        ),
     )
 }
 
@@ -111,9 +126,13 @@ def send(server: LlamaCppServer, tagged: tuple[int, Request]) -> dict[str, Any]:
     start = time.time()
     response = server.complete(prompt_of_tokens(request.prompt_tokens, tag), request.n_predict)
     body = response.json()
-    line: dict[str, Any] = {"start": round(start, 3), "end": round(time.time(), 3),
-                            "prompt_tokens": request.prompt_tokens, "n_predict": request.n_predict,
-                            "status": response.status_code}
+    line: dict[str, Any] = {
+        "start": round(start, 3),
+        "end": round(time.time(), 3),
+        "prompt_tokens": request.prompt_tokens,
+        "n_predict": request.n_predict,
+        "status": response.status_code,
+    }
     if response.status_code == 200:
         line.update({k: body.get(k) for k in ("tokens_evaluated", "tokens_predicted", "truncated", "stop_type")})
     else:
@@ -143,13 +162,17 @@ def capture(scenario: Scenario, model: Path, out: Path, log: Callable[[str], Non
     (folder / "server.log").write_text(text)
     (folder / "requests.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     (folder / "config.txt").write_text(f"{scenario.flags()} | {scenario.load()}\n")
-    log(f"{scenario.name}: {recorder.samples} samples, {len(lines)} requests "
-        f"({sum(1 for line in lines if line['status'] != 200)} failed) -> {folder}")
+    log(
+        f"{scenario.name}: {recorder.samples} samples, {len(lines)} requests "
+        f"({sum(1 for line in lines if line['status'] != 200)} failed) -> {folder}"
+    )
     return folder
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.helpers.capture_llamacpp", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.helpers.capture_llamacpp", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("scenarios", nargs="*", metavar="SCENARIO", help=f"some of {', '.join(SCENARIOS)} (all)")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args(argv)

@@ -44,8 +44,8 @@ import gzip
 import re
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from aiohttp import web
 
@@ -92,7 +92,7 @@ class FakeVllm:
         return self.base_url + "/metrics"
 
     # -- what it serves ----------------------------------------------------------------------------
-    def serve(self, *bodies: str, loop: bool = True) -> "FakeVllm":
+    def serve(self, *bodies: str, loop: bool = True) -> FakeVllm:
         """These bodies, one a request, in order; then again (``loop``) or the last one for ever."""
         self.bodies, self.index, self.loop_bodies, self._replay = list(bodies), 0, loop, None
         if self.gzip_when_accepted:
@@ -100,11 +100,11 @@ class FakeVllm:
                 _gzip(body)  # compressed once, up front: a scrape never waits for it
         return self
 
-    def serve_dir(self, scenario: str, loop: bool = True) -> "FakeVllm":
+    def serve_dir(self, scenario: str, loop: bool = True) -> FakeVllm:
         """The real captures of ``tests/fixtures/vllm-0.32.0-cpu/<scenario>``, in time order."""
         return self.serve(*captures(scenario), loop=loop)
 
-    def replay(self, files: Sequence[tuple[float, Path]], speed: float = 1.0) -> "FakeVllm":
+    def replay(self, files: Sequence[tuple[float, Path]], speed: float = 1.0) -> FakeVllm:
         """A recording (``tests.helpers.recordings.recording``) in real time; while one plays, switch to
         ``files`` now, every monotonic sample continuing from the value it had reached (see module doc)."""
         if self._replay is None:
@@ -189,7 +189,7 @@ class FakeVllm:
         return web.Response(body=_encoded(body), headers={"Content-Type": self.content_type})
 
     # -- in the running event loop ---------------------------------------------------------------------
-    async def start(self) -> "FakeVllm":
+    async def start(self) -> FakeVllm:
         """Listen (again, on the same port after a ``stop``)."""
         app = web.Application()
         app.router.add_get("/metrics", self.handle)
@@ -207,14 +207,14 @@ class FakeVllm:
             await self._runner.cleanup()
             self._runner = None
 
-    async def __aenter__(self) -> "FakeVllm":
+    async def __aenter__(self) -> FakeVllm:
         return await self.start()
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
     # -- in a thread of its own, for synchronous tests ---------------------------------------------------
-    def __enter__(self) -> "FakeVllm":
+    def __enter__(self) -> FakeVllm:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="fake-vllm", daemon=True)
         self._thread.start()
@@ -302,7 +302,7 @@ class _Phase:
             raise ValueError("no snapshot files")
         self.snaps = [_Snapshot(Path(f).read_text()) for _, f in files]
         times = [t for t, _ in files]
-        gaps = [b - a for a, b in zip(times, times[1:])] or [1.0]
+        gaps = [b - a for a, b in zip(times, times[1:], strict=False)] or [1.0]
         gaps.append(sorted(gaps)[len(gaps) // 2])  # the last snapshot is held for a median gap
         self.starts = [0.0]
         for g in gaps[:-1]:

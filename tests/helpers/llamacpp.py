@@ -38,8 +38,16 @@ SPECIAL_TOKENS = (b"<unk>", b"<s>", b"</s>")
 BOS_ID, EOS_ID, UNK_ID = 1, 2, 0
 
 
-def make_tiny_gguf(path: Path | str, *, n_embd: int = 256, n_layer: int = 4, n_head: int = 4, n_ff: int = 768,
-                   n_ctx_train: int = 4096, seed: int = 0) -> Path:
+def make_tiny_gguf(
+    path: Path | str,
+    *,
+    n_embd: int = 256,
+    n_layer: int = 4,
+    n_head: int = 4,
+    n_ff: int = 768,
+    n_ctx_train: int = 4096,
+    seed: int = 0,
+) -> Path:
     """Write a random llama-architecture model to ``path`` (GGUF, F16 matrices) and return the path.
 
     Tensor names and shapes are llama.cpp's for ``LLM_ARCH_LLAMA`` (gguf-py's ``MODEL_TENSORS``); numpy's shape is
@@ -141,17 +149,48 @@ class LlamaCppServer:
 
 
 @contextmanager
-def llamacpp_server(model: Path | str, log_path: Path | str, *, parallel: int = 2, ctx_size: int = 1024,
-                    batch_size: int | None = None, ubatch_size: int | None = None, kv_unified: bool = False,
-                    cache_type_k: str | None = None, cache_type_v: str | None = None, threads: int = 1,
-                    metrics: bool = True, slots: bool = True, timeout: float = 60.0) -> Iterator[LlamaCppServer]:
+def llamacpp_server(
+    model: Path | str,
+    log_path: Path | str,
+    *,
+    parallel: int = 2,
+    ctx_size: int = 1024,
+    batch_size: int | None = None,
+    ubatch_size: int | None = None,
+    kv_unified: bool = False,
+    cache_type_k: str | None = None,
+    cache_type_v: str | None = None,
+    threads: int = 1,
+    metrics: bool = True,
+    slots: bool = True,
+    timeout: float = 60.0,
+) -> Iterator[LlamaCppServer]:
     """llama.cpp's server on a free loopback port with ``--metrics`` and ``--slots`` (by default), ``parallel``
     slots sharing ``ctx_size`` tokens of context; ready (``/health`` 200) when this yields, stopped by PID after."""
     port = free_port()
-    argv = [sys.executable, "-m", "tests.helpers.llamacpp_server", "--model", str(model), "--host", HOST,
-            "--port", str(port), "--parallel", str(parallel), "--ctx-size", str(ctx_size), "--threads", str(threads)]
-    for flag, value in (("--batch-size", batch_size), ("--ubatch-size", ubatch_size),
-                        ("--cache-type-k", cache_type_k), ("--cache-type-v", cache_type_v)):
+    argv = [
+        sys.executable,
+        "-m",
+        "tests.helpers.llamacpp_server",
+        "--model",
+        str(model),
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+        "--parallel",
+        str(parallel),
+        "--ctx-size",
+        str(ctx_size),
+        "--threads",
+        str(threads),
+    ]
+    for flag, value in (
+        ("--batch-size", batch_size),
+        ("--ubatch-size", ubatch_size),
+        ("--cache-type-k", cache_type_k),
+        ("--cache-type-v", cache_type_v),
+    ):
         if value is not None:
             argv += [flag, str(value)]
     argv += ["--kv-unified"] * kv_unified + ["--metrics"] * metrics + ["--slots"] * slots

@@ -32,8 +32,9 @@ import signal
 import subprocess
 import time
 import weakref
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, TypeVar
 
 import httpx
 
@@ -41,15 +42,20 @@ __all__ = ["Process", "ProcessExited", "wait_for"]
 
 T = TypeVar("T")
 
-_LIVE: "weakref.WeakSet[Process]" = weakref.WeakSet()
+_LIVE: weakref.WeakSet[Process] = weakref.WeakSet()
 
 
 class ProcessExited(RuntimeError):
     """The process ended while something waited for it."""
 
 
-def wait_for(predicate: Callable[[], T], timeout: float = 60.0, what: str = "condition",
-             interval: float = 0.25, on_timeout: Callable[[], str] | None = None) -> T:
+def wait_for(
+    predicate: Callable[[], T],
+    timeout: float = 60.0,
+    what: str = "condition",
+    interval: float = 0.25,
+    on_timeout: Callable[[], str] | None = None,
+) -> T:
     """Poll ``predicate`` until it returns a truthy value (returned). Exceptions count as "not yet", except
     ``ProcessExited``, which ends the wait at once."""
     deadline = time.monotonic() + timeout
@@ -92,8 +98,9 @@ class Process:
 
     name = "process"
 
-    def __init__(self, argv: Sequence[str] = (), log_path: Path | str | None = None, *,
-                 name: str | None = None, **popen: Any):
+    def __init__(
+        self, argv: Sequence[str] = (), log_path: Path | str | None = None, *, name: str | None = None, **popen: Any
+    ):
         self.argv = [str(a) for a in argv]
         self.log_path = Path(log_path) if log_path is not None else None
         if name:
@@ -101,7 +108,7 @@ class Process:
         self.popen = popen
         self.proc: subprocess.Popen | None = None
 
-    def start(self) -> "Process":
+    def start(self) -> Process:
         """Start ``argv`` (again, after a stop) and return at once."""
         popen = {"stdin": subprocess.DEVNULL, **self.popen}
         log = None
@@ -137,25 +144,27 @@ class Process:
         assert self.proc is not None, "not started"
         return self.proc.wait(timeout)
 
-    def wait_until(self, predicate: Callable[[], T], timeout: float = 60.0, what: str = "condition",
-                   interval: float = 0.25) -> T:
+    def wait_until(
+        self, predicate: Callable[[], T], timeout: float = 60.0, what: str = "condition", interval: float = 0.25
+    ) -> T:
         """``wait_for(predicate)``, ending with ``ProcessExited`` as soon as the process has ended."""
 
         def check() -> T:
             if not self.running():
                 status = self.proc.returncode if self.proc is not None else "(never started)"
-                raise ProcessExited(f"{self.name} exited with status {status} while waiting for {what}\n"
-                                    f"{self.log_tail()}")
+                raise ProcessExited(
+                    f"{self.name} exited with status {status} while waiting for {what}\n{self.log_tail()}"
+                )
             return predicate()
 
         return wait_for(check, timeout, what, interval, on_timeout=self.log_tail)
 
-    def wait_for_url(self, url: str, timeout: float = 60.0, what: str | None = None,
-                     interval: float = 0.25) -> None:
+    def wait_for_url(self, url: str, timeout: float = 60.0, what: str | None = None, interval: float = 0.25) -> None:
         """Poll GET ``url`` until it answers 200."""
         with httpx.Client(timeout=2.0, trust_env=False) as client:
-            self.wait_until(lambda: client.get(url).status_code == 200, timeout, what or f"{url} to answer 200",
-                            interval)
+            self.wait_until(
+                lambda: client.get(url).status_code == 200, timeout, what or f"{url} to answer 200", interval
+            )
 
     def stop(self, grace: float = 15.0, sig: int = signal.SIGTERM) -> int | None:
         """``sig`` to the process, up to ``grace`` s for it and then for its group, SIGKILL to the group; reaped.
@@ -197,7 +206,7 @@ class Process:
             return ""
         return f"--- last lines of {self.log_path} ---\n" + "\n".join(text.splitlines()[-lines:])
 
-    def __enter__(self) -> "Process":
+    def __enter__(self) -> Process:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -50,10 +50,11 @@ import ssl
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
+from typing import Any, TypeVar
 
 import httpx
 import yaml
@@ -116,15 +117,16 @@ class ManagedProcess(Process):
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> "ManagedProcess":
+    def start(self) -> ManagedProcess:
         """Start on a free port and wait until ``ready_path`` answers 200. Retries if the port was taken."""
         for attempt in range(3):
             self.port = free_port()
             self.argv = self.command(self.port)
             super().start()
             try:
-                self.wait_for_url(self.url + self.ready_path, timeout=self.start_timeout,
-                                  what=f"{self.name} ready on {self.url}")
+                self.wait_for_url(
+                    self.url + self.ready_path, timeout=self.start_timeout, what=f"{self.name} ready on {self.url}"
+                )
                 return self
             except (TimeoutError, ProcessExited):
                 exited = not self.running()
@@ -156,8 +158,13 @@ class Prometheus(ManagedProcess):
 
     name = "prometheus"
 
-    def __init__(self, config: Mapping[str, Any] | str, workdir: Path | str,
-                 rule_files: Iterable[Path | str] = (), extra_args: Sequence[str] = ()):
+    def __init__(
+        self,
+        config: Mapping[str, Any] | str,
+        workdir: Path | str,
+        rule_files: Iterable[Path | str] = (),
+        extra_args: Sequence[str] = (),
+    ):
         super().__init__(workdir)
         cfg = yaml.safe_load(_dump_config(config)) or {}
         rules = [str(Path(p).resolve()) for p in rule_files]
@@ -215,7 +222,6 @@ class Prometheus(ManagedProcess):
         self._http.post(self.url + "/-/reload").raise_for_status()
 
 
-
 class Alertmanager(ManagedProcess):
     """The real Alertmanager, single node (``--cluster.listen-address=`` disables gossip)."""
 
@@ -239,16 +245,17 @@ class Alertmanager(ManagedProcess):
             *self.extra_args,
         ]
 
-    def alerts(self, active: bool = True, silenced: bool = True, inhibited: bool = True,
-               filters: Sequence[str] = ()) -> list[dict[str, Any]]:
+    def alerts(
+        self, active: bool = True, silenced: bool = True, inhibited: bool = True, filters: Sequence[str] = ()
+    ) -> list[dict[str, Any]]:
         params: list[tuple[str, str]] = [
-            ("active", str(active).lower()), ("silenced", str(silenced).lower()),
+            ("active", str(active).lower()),
+            ("silenced", str(silenced).lower()),
             ("inhibited", str(inhibited).lower()),
         ] + [("filter", f) for f in filters]
         resp = self._http.get(self.url + "/api/v2/alerts", params=params)
         resp.raise_for_status()
         return resp.json()
-
 
 
 class Kvwatch(ManagedProcess):
@@ -260,9 +267,16 @@ class Kvwatch(ManagedProcess):
 
     name = "kvwatch"
 
-    def __init__(self, args: Sequence[str], workdir: Path | str, env: Mapping[str, str] | None = None,
-                 listen_flag: str = "--listen", ready_path: str = "/readyz", name: str | None = None,
-                 ca_file: Path | str | None = None):
+    def __init__(
+        self,
+        args: Sequence[str],
+        workdir: Path | str,
+        env: Mapping[str, str] | None = None,
+        listen_flag: str = "--listen",
+        ready_path: str = "/readyz",
+        name: str | None = None,
+        ca_file: Path | str | None = None,
+    ):
         if name:
             self.name = name
         base_env = dict(os.environ)
@@ -282,13 +296,13 @@ class Kvwatch(ManagedProcess):
     def url(self) -> str:
         return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
 
-    def wait_for_url(self, url: str, timeout: float = 60.0, what: str | None = None,
-                     interval: float = 0.25) -> None:
+    def wait_for_url(self, url: str, timeout: float = 60.0, what: str | None = None, interval: float = 0.25) -> None:
         if self.tls is None:
             return super().wait_for_url(url, timeout, what, interval)
         with httpx.Client(timeout=2.0, trust_env=False, verify=self.tls) as client:
-            self.wait_until(lambda: client.get(url).status_code == 200, timeout, what or f"{url} to answer 200",
-                            interval)
+            self.wait_until(
+                lambda: client.get(url).status_code == 200, timeout, what or f"{url} to answer 200", interval
+            )
 
     def command(self, port: int) -> list[str]:
         value = str(port) if self.listen_flag == "--port" else f"127.0.0.1:{port}"
@@ -296,6 +310,7 @@ class Kvwatch(ManagedProcess):
 
 
 # -- local stand-ins for Slack / PagerDuty / heartbeat endpoints -------------------------------------
+
 
 @dataclass
 class Received:
@@ -348,12 +363,15 @@ class WebhookReceiver:
         with self._lock:
             return list(self.requests)
 
-    def wait_for(self, predicate: Callable[[list[Received]], T], timeout: float = 60.0,
-                 what: str = "request") -> T:
-        return wait_for(lambda: predicate(self.snapshot()), timeout, what,
-                        on_timeout=lambda: f"received so far: {[r.json for r in self.snapshot()]}")
+    def wait_for(self, predicate: Callable[[list[Received]], T], timeout: float = 60.0, what: str = "request") -> T:
+        return wait_for(
+            lambda: predicate(self.snapshot()),
+            timeout,
+            what,
+            on_timeout=lambda: f"received so far: {[r.json for r in self.snapshot()]}",
+        )
 
-    def start(self) -> "WebhookReceiver":
+    def start(self) -> WebhookReceiver:
         self._thread.start()
         return self
 
@@ -361,7 +379,7 @@ class WebhookReceiver:
         self._server.shutdown()
         self._server.server_close()
 
-    def __enter__(self) -> "WebhookReceiver":
+    def __enter__(self) -> WebhookReceiver:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -24,8 +24,7 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm-0.32.0-cpu"
 def recording(folder: Path | str, start: float | None = None, end: float | None = None) -> list[tuple[float, Path]]:
     """``(unix_time, path)`` of the ``<unix_time>.prom`` files of ``folder`` sorted by time, optionally within
     [start, end]."""
-    return [(t, p) for t, p in recording_files(folder)
-            if (start is None or t >= start) and (end is None or t <= end)]
+    return [(t, p) for t, p in recording_files(folder) if (start is None or t >= start) and (end is None or t <= end)]
 
 
 def captures(scenario: str) -> list[str]:

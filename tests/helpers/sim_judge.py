@@ -39,8 +39,16 @@ CASES = {
     # tokens per step must climb from max_num_seqs' ~64: with hints it is named once the window holds
     # only this phase, and the first scrape after that is up to one interval past 10 s, 10.3 s when
     # scraped 0.3 s into each second).
-    "tour": (1.0, {"healthy": ("none", 6.0), "kv_cache": ("kv_cache", 6.0), "recovery": ("none", 6.0),
-                   "max_num_seqs": ("max_num_seqs", PLATEAU_LAG), "token_budget": ("token_budget", 11.0)}),
+    "tour": (
+        1.0,
+        {
+            "healthy": ("none", 6.0),
+            "kv_cache": ("kv_cache", 6.0),
+            "recovery": ("none", 6.0),
+            "max_num_seqs": ("max_num_seqs", PLATEAU_LAG),
+            "token_budget": ("token_budget", 11.0),
+        },
+    ),
     # The GPU regime (kvwatch/scenarios/gpu_*.json: Llama 3.1 8B on an H100, 70B on four). A GPU server's
     # 'filling' phase (prefill paces admission until the cache or the ceiling is reached) is not judged.
     "gpu_idle": (1.0, {"idle": ("idle", 6.0)}),
@@ -126,7 +134,9 @@ def judge(preset: str, polls: list[Poll], speed: float, expected: dict, *, inter
             else:
                 allowed = int(lag / interval) + 1  # the scrape of the visit by which a correct kvwatch names it
                 settled = visit[allowed:]
-                assert first < allowed, f"{preset}/{phase}: {want} only at kvwatch's scrape {first + 1} of the visit (allowed {allowed}): {trace}"
+                assert first < allowed, (
+                    f"{preset}/{phase}: {want} only at kvwatch's scrape {first + 1} of the visit (allowed {allowed}): {trace}"
+                )
             wrong = [p for p in settled if not _right(p, want)]
             assert len(wrong) <= max(1, len(settled) // 10), f"{preset}/{phase}: {trace}"
     return out

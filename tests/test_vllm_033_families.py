@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from kvwatch.diagnose import Hints
 from kvwatch.engines.vllm import keep_family
-from kvwatch.engines.vllm import read as normalize
+from kvwatch.engines.vllm import read as read_vllm
 from kvwatch.parse import parse
 from kvwatch.snapshot import REJECTIONS
 from kvwatch.state import Target
@@ -68,15 +68,15 @@ def _two_engines(body: str) -> str:
 
 
 def _snapshots(body: str) -> dict:
-    return {k: (s.gauges, s.counters) for k, s in normalize(parse(body, keep_family)).items()}
+    return {k: (s.gauges, s.counters) for k, s in read_vllm(parse(body, keep_family)).items()}
 
 
 def test_033_raw_fields_from_text_and_from_openmetrics():
     base = _two_engines(next(V033.glob("text/kv_cache/*.prom")).read_text())
     body = base + _extra({"0": 0.25, "1": 0.5})
     snaps = _snapshots(body)
-    snaps_hists = {k[1]: s.histograms for k, s in normalize(parse(body, keep_family)).items()}
-    levels = {k[1]: s.sleep_level for k, s in normalize(parse(_to_openmetrics(body), keep_family)).items()}
+    snaps_hists = {k[1]: s.histograms for k, s in read_vllm(parse(body, keep_family)).items()}
+    levels = {k[1]: s.sleep_level for k, s in read_vllm(parse(_to_openmetrics(body), keep_family)).items()}
     assert levels == {"0": 0, "1": 0}  # awake=1 (loggers.py record_sleep_state), read from OpenMetrics too
     assert snaps == _snapshots(_to_openmetrics(body))  # the Rust frontend's form gives the same fields
     for engine, pinned in (("0", 0.25), ("1", 0.5)):

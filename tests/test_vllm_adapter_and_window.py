@@ -1,4 +1,4 @@
-"""normalize: every release's names onto one snapshot; window: rate() semantics and histogram quantiles."""
+"""vLLM's adapter (kvwatch/engines/vllm.py): every release's names onto one snapshot; window: rate() semantics and histogram quantiles."""
 
 import math
 
@@ -6,7 +6,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvwatch.engines.vllm import keep_family
-from kvwatch.engines.vllm import read as normalize
+from kvwatch.engines.vllm import read as read_vllm
 from kvwatch.parse import parse
 from kvwatch.snapshot import OVERFLOW
 from kvwatch.window import EngineHistory, histogram_quantile, summarize
@@ -16,20 +16,24 @@ OLD = FIXTURES.parent / "vllm-old"
 
 
 def snaps_of(body, **kw):
-    return normalize(parse(body, keep_family), **kw)
+    return read_vllm(parse(body, keep_family), **kw)
 
 
 def test_real_032_capture_maps_every_signal():
     body = captures("kv_cache")[19]
-    (key, s), = snaps_of(body).items()
+    ((key, s),) = snaps_of(body).items()
     assert key == ("tiny-llama-dummy", "0")
     assert s.gauges["requests_running"] == 4 and s.gauges["requests_waiting"] == 53
     assert s.gauges["requests_waiting_capacity"] == 53 and s.gauges["requests_waiting_deferred"] == 0
     assert s.gauges["kv_cache_usage_ratio"] == pytest.approx(0.95238, abs=1e-5)
     assert s.counters["preemptions"] == 41 and s.counters["prompt_tokens_computed"] == 12009
     assert set(s.histograms) == {
-        "iteration_tokens", "request_prompt_tokens", "request_generation_tokens",
-        "time_to_first_token_seconds", "inter_token_latency_seconds", "queue_time_seconds",
+        "iteration_tokens",
+        "request_prompt_tokens",
+        "request_generation_tokens",
+        "time_to_first_token_seconds",
+        "inter_token_latency_seconds",
+        "queue_time_seconds",
     }
     assert s.cache.capacity_tokens == 2048 and s.cache.block_size == 32 and s.cache.num_gpu_blocks == 64
     assert s.cache.max_model_len == 1024  # 2048 tokens / concurrency 2.0
@@ -55,7 +59,7 @@ def test_every_032_capture_agrees_with_prometheus_client_values():
 
 def test_v0_names_without_engine_label():
     body = recording(OLD / "v0_0.6")[0][1].read_text()
-    (key, s), = snaps_of(body).items()
+    ((key, s),) = snaps_of(body).items()
     assert key == ("meta-llama/Llama-3.1-8B", "0")
     assert s.gauges["kv_cache_usage_ratio"] == 0.97  # from gpu_cache_usage_perc
     assert s.gauges["requests_swapped"] == 0
@@ -80,7 +84,7 @@ def test_ray_prefix_is_the_same_as_plain():
 
 
 def test_unknown_and_missing_families_are_not_fatal():
-    body = "# TYPE something_else gauge\nsomething_else 1\n# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{engine=\"0\",model_name=\"m\"} 3\n"
+    body = '# TYPE something_else gauge\nsomething_else 1\n# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{engine="0",model_name="m"} 3\n'
     (s,) = snaps_of(body).values()
     assert s.gauges == {"requests_running": 3.0} and s.cache is None
     assert snaps_of("# TYPE other gauge\nother 1\n") == {}
@@ -121,7 +125,7 @@ def _snap(t, gen, hist_counts, waiting=1.0, running=1.0):
         "# TYPE vllm:time_to_first_token_seconds histogram\n"
         + "".join(
             f'vllm:time_to_first_token_seconds_bucket{{engine="0",le="{le}",model_name="m"}} {c}\n'
-            for le, c in zip(("0.1", "1.0", "+Inf"), hist_counts)
+            for le, c in zip(("0.1", "1.0", "+Inf"), hist_counts, strict=False)
         )
         + f'vllm:time_to_first_token_seconds_count{{engine="0",model_name="m"}} {hist_counts[-1]}\n'
         + f'vllm:time_to_first_token_seconds_sum{{engine="0",model_name="m"}} {hist_counts[-1] * 0.5}\n'
@@ -137,7 +141,7 @@ def test_counter_reset_is_an_increase_from_zero_never_negative():
     # 100 + 100 + 50 (from zero) + 100 tokens over 4 s
     assert s.throughput.generation_tokens_per_second == pytest.approx(350 / 4)
     assert h.resets == 1
-    for a, b in zip(list(h.points), list(h.points)[1:]):
+    for a, b in zip(list(h.points), list(h.points)[1:], strict=False):
         assert b.counters["generation_tokens"] >= a.counters["generation_tokens"]
 
 
@@ -190,7 +194,11 @@ def test_no_step_ended_in_the_window_is_zero_steps_and_no_tokens_per_step():
     for t, body in enumerate(captures("token_budget")[:5]):  # before the load: exported, never observed
         h.add(t, snaps_of(body)[("tiny-llama-dummy", "0")])
     s = summarize(h, 4, 10)
-    assert s.throughput.steps_per_second == 0.0 and s.throughput.engine_step_tokens is None and s.throughput.step_tokens_max is None
+    assert (
+        s.throughput.steps_per_second == 0.0
+        and s.throughput.engine_step_tokens is None
+        and s.throughput.step_tokens_max is None
+    )
     bare = EngineHistory("m", "0", keep_seconds=100)
     for t in range(3):
         bare.add(*_snap(t, 100 * t, (0, 0, 0)))
@@ -222,16 +230,21 @@ def test_kv_usage_that_moves_is_progress_for_the_stall_detector():
     # e2e token_budget with two busy loops: one 1800-token prompt in 256-token chunks for 5.5 s, no token
     # counted (vLLM counts it when the prefill completes), KV usage 0.012 -> 0.036. Not a stall.
     def snap(t, kv):
-        body = ('vllm:prompt_tokens_total{engine="0",model_name="m"} 0\n'
-                'vllm:generation_tokens_total{engine="0",model_name="m"} 0\n'
-                'vllm:num_requests_running{engine="0",model_name="m"} 1\n'
-                'vllm:num_requests_waiting{engine="0",model_name="m"} 119\n'
-                f'vllm:kv_cache_usage_perc{{engine="0",model_name="m"}} {kv}\n')
+        body = (
+            'vllm:prompt_tokens_total{engine="0",model_name="m"} 0\n'
+            'vllm:generation_tokens_total{engine="0",model_name="m"} 0\n'
+            'vllm:num_requests_running{engine="0",model_name="m"} 1\n'
+            'vllm:num_requests_waiting{engine="0",model_name="m"} 119\n'
+            f'vllm:kv_cache_usage_perc{{engine="0",model_name="m"}} {kv}\n'
+        )
         return t, snaps_of(body)[("m", "0")]
+
     prefilling = EngineHistory("m", "0", keep_seconds=100)
     for t in range(8):
         prefilling.add(*snap(t, 0.012 + 0.004 * (t // 2)))  # a chunk every other sample
-    assert summarize(prefilling, 7, 10).throughput.stalled_seconds == 1  # since the last chunk, not the last token (none)
+    assert (
+        summarize(prefilling, 7, 10).throughput.stalled_seconds == 1
+    )  # since the last chunk, not the last token (none)
     hung = EngineHistory("m", "0", keep_seconds=100)
     for t in range(8):
         hung.add(*snap(t, 0.036))

@@ -12,7 +12,7 @@ import re
 
 from kvwatch.catalog import Action, Bottleneck, Confidence
 from kvwatch.diagnose import RULES, Hints, diagnose_engine
-from kvwatch.engines.vllm import read as normalize
+from kvwatch.engines.vllm import read as read_vllm
 from kvwatch.parse import parse
 from kvwatch.sim.exposition import render
 from kvwatch.sim.scenario import load_scenario
@@ -28,7 +28,7 @@ def diagnoses(scenario, seconds: int, edit=lambda body: body, hints=Hints()):
     history, out = None, []
     for t in range(1, seconds + 1):
         sim.advance_to(float(t))
-        ((key, snap),) = normalize(parse(edit(render(sim, "0.32")))).items()
+        ((key, snap),) = read_vllm(parse(edit(render(sim, "0.32")))).items()
         history = history or EngineHistory(*key, keep_seconds=11.0)
         history.add(float(t), snap)
         out.append(diagnose_engine(summarize(history, float(t), 10.0), hints))
@@ -62,7 +62,7 @@ def test_sleep_state_levels_as_vllm_record_sleep_state_sets_them():
         (0, 0, 0): 1,  # asleep at a level vLLM gives no label: asleep all the same
     }
     for states, level in levels.items():
-        (snap,) = normalize(parse(sleep_body(*states))).values()
+        (snap,) = read_vllm(parse(sleep_body(*states))).values()
         assert snap.sleep_level == level, states
 
 
@@ -70,7 +70,7 @@ def test_the_real_capture_reads_awake():
     from pathlib import Path
 
     body = next(Path("tests/fixtures/vllm-0.32.0-cpu/kv_cache").glob("*.prom")).read_text()
-    assert {s.sleep_level for s in normalize(parse(body)).values()} == {0}
+    assert {s.sleep_level for s in read_vllm(parse(body)).values()} == {0}
 
 
 # --- asleep ----------------------------------------------------------------------------------------------------
@@ -151,7 +151,7 @@ def test_rejections_in_the_real_capture_read_zero_for_each_reason():
     files = sorted(Path("tests/fixtures/vllm-0.32.0-cpu/max_num_seqs").glob("*.prom"))[:3]
     history = None
     for k, f in enumerate(files):
-        ((key, snap),) = normalize(parse(f.read_text())).items()
+        ((key, snap),) = read_vllm(parse(f.read_text())).items()
         history = history or EngineHistory(*key, keep_seconds=11.0)
         history.add(1000.0 + k, snap)
     s = summarize(history, 1000.0 + len(files) - 1, 10.0)
@@ -244,18 +244,22 @@ def test_vllm_metal_479_nothing_running_on_an_empty_cache_is_stalled_and_says_th
     from kvwatch.snapshot import CacheConfig
 
     cache = CacheConfig(block_size=None, num_gpu_blocks=118, kv_cache_size_tokens=90000, kv_cache_max_concurrency=1.0)
-    s = wedged_history(11, running=0.0, waiting=6.0, deferred=0.0, kv=0.0, prompt_per_s=0, gen_per_s=0,
-                       finished_per_s=0, cache=cache)
+    s = wedged_history(
+        11, running=0.0, waiting=6.0, deferred=0.0, kv=0.0, prompt_per_s=0, gen_per_s=0, finished_per_s=0, cache=cache
+    )
     d = diagnose_engine(s)
     assert d.bottleneck is Bottleneck.STALLED
-    assert any("nothing runs while 6 wait (6 for capacity) and the KV cache is 0% used: the scheduler admits nothing"
-               in e for e in d.evidence), d.evidence
+    assert any(
+        "nothing runs while 6 wait (6 for capacity) and the KV cache is 0% used: the scheduler admits nothing" in e
+        for e in d.evidence
+    ), d.evidence
     assert d.recommendations[0].action is Action.RESTART_ENGINE
 
 
 def test_a_stall_with_requests_running_says_mid_step():
-    s = wedged_history(11, running=4.0, waiting=12.0, deferred=0.0, kv=0.41, prompt_per_s=0, gen_per_s=0,
-                       finished_per_s=0)
+    s = wedged_history(
+        11, running=4.0, waiting=12.0, deferred=0.0, kv=0.41, prompt_per_s=0, gen_per_s=0, finished_per_s=0
+    )
     d = diagnose_engine(s)
     assert d.bottleneck is Bottleneck.STALLED
     assert any("4 running requests stopped producing tokens" in e for e in d.evidence), d.evidence
@@ -272,8 +276,10 @@ def test_vllm_53130_running_plus_deferred_at_max_num_seqs_with_nothing_finishing
     assert s.throughput.stalled_seconds == 0  # tokens still trickle: no-progress alone never shows it
     d = diagnose_engine(s, Hints(max_num_seqs=256))
     assert d.bottleneck is Bottleneck.STALLED
-    assert re.search(r"4 running \+ 468 deferred reach max_num_seqs=256 \(configured\) and no request finished in 10 s",
-                     d.evidence[0]), d.evidence
+    assert re.search(
+        r"4 running \+ 468 deferred reach max_num_seqs=256 \(configured\) and no request finished in 10 s",
+        d.evidence[0],
+    ), d.evidence
     assert d.recommendations[0].action is Action.RESTART_ENGINE
 
 
@@ -298,7 +304,11 @@ def footprint_history(*, kv_per_request: float, running: float = 3.0):
     one = (float("inf"),)
     for t in range(11):
         done = 10.0 + 0.3 * t
-        gauges = {"requests_running": running, "requests_waiting": 2.0, "kv_cache_usage_ratio": kv_per_request * running}
+        gauges = {
+            "requests_running": running,
+            "requests_waiting": 2.0,
+            "kv_cache_usage_ratio": kv_per_request * running,
+        }
         counters = {"prompt_tokens": 2400.0 * done, "generation_tokens": 1e5 + 30.0 * t, "requests_finished": done}
         hists = {
             "request_prompt_tokens": Histogram(one, [done], 2400.0 * done, done),
@@ -328,14 +338,17 @@ def test_requests_holding_about_their_own_tokens_are_not_named_kv_cache_by_footp
 def test_an_upstream_cannot_grow_the_rejection_reasons_without_bound():
     """Reasons are vLLM's label values: beyond MAX_REJECTION_REASONS distinct ones per engine, "other"."""
     from kvwatch.engines.vllm import keep_family
-    from kvwatch.engines.vllm import read as normalize
+    from kvwatch.engines.vllm import read as read_vllm
     from kvwatch.parse import parse
     from kvwatch.snapshot import MAX_REJECTION_REASONS, REJECTIONS
 
-    lines = ["# TYPE vllm:num_requests_running gauge", 'vllm:num_requests_running{engine="0",model_name="m"} 1',
-             "# TYPE vllm:admission_rejections_total counter"]
+    lines = [
+        "# TYPE vllm:num_requests_running gauge",
+        'vllm:num_requests_running{engine="0",model_name="m"} 1',
+        "# TYPE vllm:admission_rejections_total counter",
+    ]
     lines += [f'vllm:admission_rejections_total{{model_name="m",reason="r{i}"}} 1' for i in range(1000)]
-    (snap,) = normalize(parse("\n".join(lines) + "\n", keep_family)).values()
+    (snap,) = read_vllm(parse("\n".join(lines) + "\n", keep_family)).values()
     reasons = {k for k in snap.counters if k.startswith(REJECTIONS)}
     assert len(reasons) == MAX_REJECTION_REASONS and snap.counters[REJECTIONS + "other"] == 1000 - 3
 
