@@ -28,7 +28,7 @@ import sys
 import time
 from collections.abc import Callable
 
-SECTIONS = ("cycle", "scaling", "memory", "fanin", "detect", "logs", "report")
+SECTIONS = ("cycle", "scaling", "engines", "memory", "fanin", "detect", "logs", "report")
 GOALS = {"ratio": 0.2, "peak_rss_mib": 64.0, "fanin": 200, "detect_intervals": 2.0, "report_ratio": 1.5}
 # What --check (make bench-check, on this project's shared 2-core machines) fails on: each goal with its margin.
 # - ratio: the cycle and its baseline alternate body by body in one process, so the machine's load moves the ratio
@@ -175,6 +175,13 @@ def run_logs(quick: bool) -> dict:
     return measure(big, json_big)
 
 
+def run_engines(quick: bool) -> dict:
+    from bench.engines import run
+
+    _log("engines: each adapter on its engine's payloads")
+    return run(quick)
+
+
 def run_report(quick: bool) -> dict:
     from bench.report import measure
 
@@ -226,6 +233,19 @@ def table(res: dict) -> str:
             lines.append(
                 f"| {k} | {r['samples']} | {r['rounds']} | {_fmt(r['cycle_ms'], 2)} | {_fmt(r['ratio'])} | {_fmt(r['size_factor'], 1)} "
                 f"| {_fmt(r['cost_factor'], 1)} | {_fmt(r['cost_per_sample_vs_1x'], 2)} |"
+            )
+        lines.append("")
+    if "engines" in res:
+        lines += [
+            "engines (each adapter on its engine's payloads; not gated: small payloads carry a cycle's fixed cost)",
+            "",
+            "| payload | engine | bytes | samples | adapter / parse-baseline | cycle ms | cycle / parse-baseline |",
+            "|---|---|---:|---:|---:|---:|---:|",
+        ]
+        for name, r in res["engines"].items():
+            lines.append(
+                f"| {name} | {r['engine']} | {r['bytes']} | {r['samples']} | {_fmt(r['adapter']['ratio'])} "
+                f"| {_fmt(r['cycle_ms'], 2)} | {_fmt(r['cycle_ratio'])} |"
             )
         lines.append("")
     if "memory" in res:
@@ -368,6 +388,7 @@ def main(argv=None) -> int:
     runners: dict[str, Callable[[bool], dict]] = {
         "cycle": run_cycle,
         "scaling": run_scaling,
+        "engines": run_engines,
         "memory": functools.partial(run_memory, check=args.check),
         "fanin": functools.partial(run_fanin, check=args.check),
         "detect": run_detect,

@@ -68,6 +68,16 @@ def test_cycle_ratios_against_a_baseline_from_the_same_run(quick):
     assert res["cycle"]["c_100k"]["samples"] >= res["cycle"]["c_100k"]["series_requested"]
 
 
+def test_each_engine_is_read_from_its_own_payloads(quick):
+    res, table = quick
+    engines = res["engines"]
+    assert {r["engine"] for r in engines.values()} == {"vllm", "sglang", "trtllm", "llamacpp"}
+    assert engines["llamacpp (real captures)"]["samples"] == 15  # every family of the real server's exposition
+    for r in engines.values():
+        assert _positive(r["adapter"]["ratio"]) and _positive(r["cycle_ms"]) and _positive(r["cycle_ratio"])
+    assert "| triton-trtllm (simulated) | trtllm |" in table
+
+
 def test_scaling_1x_4x_16x(quick):
     res, _ = quick
     assert list(res["scaling"]) == ["1x", "4x", "16x"]
