@@ -117,8 +117,9 @@ class Target:
 
     @property
     def keep_family(self):
-        """The parser's filter for this target: its engine's families (or, auto, any engine's)."""
-        return self.engine_wanted.keep_family if self.engine_wanted else keep_any
+        """The parser's filter: every engine's families, also with --engine (so that a response from another engine
+        is named as such); one set lookup per family (kvwatch.engines.keep_any)."""
+        return keep_any
 
     def observe_body(self, t: float, body: str) -> None:
         """Parse and record one scrape body. Raises ParseError / NoEngineMetrics (the scrape failed)."""
@@ -130,6 +131,12 @@ class Target:
         engine = self._engine_of(families, body)
         snaps = engine.read(families, self.max_engines)
         if not snaps:
+            seen = detect(families)
+            if seen is not None and seen is not engine:  # --engine names another engine than the one serving
+                raise NoEngineMetrics(
+                    f"--engine {engine.name}, but the response carries {seen.title} metrics "
+                    f"(use --engine {seen.name} or auto)"
+                )
             raise NoEngineMetrics(f"no {engine.title} series in the response")
         self.folded_engines = sum(s.folded for s in snaps.values())
         for key, snap in snaps.items():
@@ -144,14 +151,9 @@ class Target:
     def _engine_of(self, families, body: str) -> Engine:
         """The engine to read the scrape as. Auto: the one whose families it carries, re-chosen (and the history
         dropped, never mixed) when the target restarts as another engine."""
-        seen = detect(families)
         if self.engine_wanted is not None:
-            if seen is not None and seen is not self.engine_wanted:
-                raise NoEngineMetrics(
-                    f"--engine {self.engine_wanted.name}, but the response carries {seen.title} metrics "
-                    f"(use --engine {seen.name} or auto)"
-                )
             return self.engine_wanted
+        seen = detect(families)
         if seen is None:
             tried = ", ".join(e.title for e in ENGINES)
             raise NoEngineMetrics(f"no serving engine's series in the response (tried {tried}){_seen(body)}")

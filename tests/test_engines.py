@@ -199,7 +199,9 @@ def test_llamacpp_context_too_small_is_never_called_a_healthy_kv_cache():
 def test_engine_forced_on_another_engines_endpoint_says_which_engine_it_is():
     t = Target("x", engine="vllm")
     with pytest.raises(NoEngineMetrics, match=r"llama\.cpp metrics \(use --engine llamacpp or auto\)"):
-        t.observe(1.0, parse(LLAMA_SLOTS_FULL, keep_any))
+        t.observe_body(1.0, LLAMA_SLOTS_FULL)  # as the scrape loop reads it: parsed with the target's filter
+    t.observe_body(2.0, captures("kv_cache")[10] + LLAMA_SLOTS_FULL)  # vLLM's families in it: read as vLLM
+    assert t.diagnose(2.0).engine_type == "vllm"
 
 
 def test_no_engine_names_the_engines_tried_and_the_families_seen():
