@@ -21,18 +21,10 @@ from pathlib import Path
 import pytest
 
 from .harness import MODEL_NAME, REPO, Recorder, kvwatch_argv, log, project_env, tail, vllm_env
+from .test_max_num_seqs import MAX_NUM_SEQS, SERVER_ARGS  # the same server: its small ceiling binds the top stage
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]
 
-MAX_NUM_SEQS = 4
-SERVER_ARGS = [
-    "--max-model-len",
-    "1024",
-    "--kv-cache-memory-bytes",
-    str(128 * 1024 * 1024),
-    "--max-num-seqs",
-    str(MAX_NUM_SEQS),
-]
 #: (clients, prompts): the lightest runs one request at a time; 16 clients keep 12 waiting behind the 4 slots for
 #: long enough (~160 requests of 256 + 128 tokens: tens of 1-s samples on the lane's 2 cores) to be named.
 STAGES = ((1, 12), (2, 24), (16, 160))
