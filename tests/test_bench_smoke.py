@@ -75,6 +75,8 @@ def test_each_engine_is_read_from_its_own_payloads(quick):
     assert engines["llamacpp (real captures)"]["samples"] == 15  # every family of the real server's exposition
     for r in engines.values():
         assert _positive(r["adapter"]["ratio"]) and _positive(r["cycle_ms"]) and _positive(r["cycle_ratio"])
+        assert _positive(r["cycle_vs_vllm"])
+    assert 0.5 < engines["vllm (simulated)"]["cycle_vs_vllm"] < 2  # vLLM against itself
     assert "| triton-trtllm (simulated) | trtllm |" in table
 
 
@@ -146,6 +148,23 @@ def test_check_gates_each_goal_with_its_margin():
     unmeasured = copy.deepcopy(within)
     unmeasured["fanin"]["levels"] = [{"targets": 200, "on_schedule": False, "error": "RuntimeError: boom"}]
     assert "RuntimeError: boom" in gate_failures(unmeasured)[0]
+
+
+def test_check_gates_every_engine_adapter_and_its_cycle_against_vllms():
+    def engine(samples, adapter, vs_vllm):
+        return {"samples": samples, "adapter": {"ratio": adapter}, "cycle_ms": vs_vllm, "cycle_vs_vllm": vs_vllm}
+
+    within = {"engines": {"vllm (simulated)": engine(410, 0.13, 1.0), "llamacpp": engine(15, 0.41, 0.3)}}
+    assert gate_failures(within) == []
+    dearer = copy.deepcopy(within)
+    dearer["engines"]["vllm (simulated)"]["adapter"]["ratio"] = 0.3  # a big payload's bound is the goal's
+    dearer["engines"]["llamacpp"]["adapter"]["ratio"] = 0.51
+    dearer["engines"]["llamacpp"]["cycle_vs_vllm"] = 1.2
+    assert gate_failures(dearer) == [
+        "engines: vllm (simulated)'s adapter/parse-baseline 0.300, above 0.25 (at least 100 samples)",
+        "engines: llamacpp's adapter/parse-baseline 0.510, above 0.5 (under 100 samples)",
+        "engines: llamacpp's cycle 0.30 ms is 1.20x vLLM's, above 1x",
+    ]
 
 
 def test_check_exits_1_past_a_gate(monkeypatch, capsys):
