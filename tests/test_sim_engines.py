@@ -106,11 +106,6 @@ KNOWN_WRONG: dict[tuple[str, str], tuple[frozenset[str], str]] = {
         frozenset({"max_num_seqs", "token_budget"}),
         "running_plateau / prefill_paced name a ceiling for a queue held by LoRA slots the engine cannot show",
     ),
-    ("gpu_token_budget", "sglang"): (
-        frozenset({"none"}),
-        "prefill_paced on realtime_tokens_total (SGLang has no per-step data) flickers to none on long chunked "
-        "prompts: more than the judge's 10% after the lag",
-    ),
 }
 
 
