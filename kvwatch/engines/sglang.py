@@ -5,8 +5,9 @@ What SGLang exports, and what it means here:
   over its pools), ``max_total_num_tokens`` (the pool's size in tokens), ``cache_hit_rate`` (a ratio, not counters).
 - Token counters: ``prompt_tokens_total`` / ``generation_tokens_total`` / ``cached_tokens_total`` are counted by the
   tokenizer manager when a request *finishes* (``observe_one_finished_request``), so they move in lumps; newer builds
-  also count ``realtime_tokens_total{mode=prefill_compute|prefill_cache|decode}`` every log interval, read instead
-  where present.
+  (sgl-project/sglang#15198, Dec 2025) also count ``realtime_tokens_total{mode=prefill_compute|prefill_cache|decode}``
+  as the scheduler batches tokens (each prefill batch's chunks, each decode iteration:
+  python/sglang/srt/managers/scheduler_components/metrics_reporter.py at 00df707e), read instead where present.
 - Retraction is SGLang's preemption: ``num_retracted_requests_total`` (a counter; older builds only the
   ``num_retracted_reqs`` gauge, not read: it is the last interval's count, not a total).
 - P/D disaggregation: a decode server's ``num_decode_prealloc_queue_reqs`` wait for KV room to receive into and
