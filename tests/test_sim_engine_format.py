@@ -40,6 +40,9 @@ SGLANG = {
     "sglang:num_prefill_inflight_queue_reqs": "gauge",
     "sglang:num_decode_prealloc_queue_reqs": "gauge",
     "sglang:num_decode_transfer_queue_reqs": "gauge",
+    "sglang:lora_pool_slots_used": "gauge",
+    "sglang:lora_pool_slots_total": "gauge",
+    "sglang:lora_pool_utilization": "gauge",
     "sglang:realtime_tokens_total": "counter",
     "sglang:prompt_tokens_total": "counter",
     "sglang:generation_tokens_total": "counter",
@@ -160,8 +163,10 @@ def test_exposition_parses_with_only_documented_families_types_and_labels(engine
 @pytest.mark.parametrize("engine", list(DOCUMENTED))
 def test_every_family_the_adapter_reads_is_rendered(engine):
     """What kvwatch's adapter keeps (kvwatch.engines.<engine>) and the engine documents, the simulator serves (P/D
-    queues only on a decode server; old-build-only names never)."""
-    printed = set(_printed_names(rendered(engine, "kv_cache"))) | set(_printed_names(rendered(engine, "kv_transfer")))
+    queues only on a decode server, LoRA slots only with LoRA; old-build-only names never)."""
+    printed = {
+        name for preset in ("kv_cache", "kv_transfer", "max_loras") for name in _printed_names(rendered(engine, preset))
+    }
     base = {n.removesuffix("_total") for n in printed}
     adapter = by_name(EXPOSITIONS[engine].engine)
     wanted = {n.removesuffix("_total") for n in DOCUMENTED[engine] if adapter.keep_family(n.removesuffix("_total"))}

@@ -15,6 +15,10 @@ The same simulation as vLLM's exposition, spelled and counted as SGLang does:
   lumps, and observes TTFT, inter-token latency and end-to-end latency over every rank's requests.
 * A P/D decode server's requests waiting for KV room or for their KV to arrive are in the decode prealloc / transfer
   queues, not in ``num_queue_reqs`` (the simulator's KV-fetch stages ``waiting_to_start`` / ``in_progress``).
+* With LoRA (``max_loras`` > 0, SGLang's ``--enable-lora``), ``lora_pool_slots_used`` (the distinct adapters of the
+  running batch), ``lora_pool_slots_total`` (``--max-loras-per-batch``) and ``lora_pool_utilization``: which adapters
+  wait is not exported, as in SGLang. The simulator's base-model requests take no slot (vLLM's rule; SGLang's
+  admission counts the base model as one, its gauge does not).
 * No ``_created`` series (prometheus_client in multiprocess mode). Histogram bounds are the simulator's (vLLM's):
   SGLang takes TTFT / ITL / e2e bounds from ``--bucket-*`` flags, so these are bounds it can serve.
 * Simplified: the gauges are published after every step (SGLang sets them at its stats log only), and
@@ -86,6 +90,15 @@ def _scheduler_gauges(out: Text, sim, labels: list[Labels]) -> None:
     if engines[0].cfg.kv_transfer_tokens_per_s:
         gauge("num_decode_prealloc_queue_reqs", "Requests waiting for KV room to receive into.", [f[0] for f in fetch])
         gauge("num_decode_transfer_queue_reqs", "Requests whose KV is being transferred.", [f[1] for f in fetch])
+    if engines[0].cfg.max_loras:  # --enable-lora: the slots, not which adapters wait
+        used, total = [len(e.stats.running_loras) for e in engines], [e.cfg.max_loras for e in engines]
+        gauge("lora_pool_slots_used", "LoRA adapter slots occupied by the running batch's adapters.", used)
+        gauge("lora_pool_slots_total", "LoRA adapter slots (max_loras_per_batch).", total)
+        gauge(
+            "lora_pool_utilization",
+            "LoRA pool utilization (used / total).",
+            [u / n for u, n in zip(used, total, strict=True)],
+        )
     out.histogram(
         P + "queue_time_seconds",
         "Seconds in the waiting queue.",
