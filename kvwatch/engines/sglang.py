@@ -216,7 +216,12 @@ ENGINE = Engine(
     recognise=recognise,
     read=read,
     flags=FLAGS,
-    # No sleep state and no per-adapter queue in its metrics (lora_pool_* says slots, not who waits).
+    # No sleep state, and no per-adapter queue: lora_pool_slots_* say the slots are full, not that anyone waits for
+    # one (a full pool with a queue is undetermined: kvwatch.capacity.lora_slots_unattributed).
     shows=frozenset(Bottleneck) - {Bottleneck.ASLEEP, Bottleneck.MAX_LORAS},
-    cannot_tell="its configured ceilings (--max-running-requests, --chunked-prefill-size): inferred or given as hints",
+    cannot_tell=(
+        "its configured ceilings (--max-running-requests, --chunked-prefill-size): inferred or given as hints; which "
+        "LoRA adapters wait (lora_pool_slots_* show the slots full, not a queue for them): a queue while every slot is "
+        "taken is undetermined, never a ceiling inferred"
+    ),
 )
