@@ -28,7 +28,7 @@ from kvwatch.catalog import Bottleneck
 from kvwatch.plan import binding_limit, budget_sequences
 from kvwatch.window import Signals
 
-__all__ = ["capacity_sequences", "demand_sequences", "effective_capacity", "lora_slots_full"]
+__all__ = ["capacity_sequences", "demand_sequences", "effective_capacity", "lora_slots_full", "lora_slots_unattributed"]
 
 
 def capacity_sequences(
@@ -52,6 +52,13 @@ def lora_slots_full(s: Signals) -> bool:
     """Every LoRA slot holds a running adapter while other adapters wait."""
     c = s.capacity
     return bool(c.max_lora and c.lora_waiting and (c.lora_running or 0) >= c.max_lora)
+
+
+def lora_slots_unattributed(s: Signals) -> bool:
+    """Every LoRA slot held a running adapter at some sample of the current queue, and the engine does not say which
+    adapters wait (SGLang's lora_pool_slots_used / _total; vLLM's lora_requests_info names them, 0 when none wait):
+    the slots may be what holds the queue, and a queue they hold looks like a Running ceiling or steady prefill."""
+    return s.capacity.lora_waiting is None and any(p.lora_slots_full for p in s.queue.streak)
 
 
 def _budget_sequences(s: Signals, budget: int | None) -> float | None:

@@ -639,7 +639,8 @@ FAMILIES: tuple[Family, ...] = (
         (*ENGINE, "state"),
         "adapters",
         "LoRA adapters running / waiting.",
-        doc="LoRA adapters `running` / `waiting` (from `lora_requests_info`)",
+        doc="LoRA adapters `running` / `waiting` (vLLM's `lora_requests_info`); SGLang's `lora_pool_slots_used` as "
+        "`running` only (it does not say which adapters wait: no `waiting` series)",
     ),
     _engine(
         "kvwatch_engine_asleep",

@@ -32,7 +32,13 @@ import string
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from kvwatch.capacity import capacity_sequences, demand_sequences, effective_capacity, lora_slots_full
+from kvwatch.capacity import (
+    capacity_sequences,
+    demand_sequences,
+    effective_capacity,
+    lora_slots_full,
+    lora_slots_unattributed,
+)
 from kvwatch.catalog import Action, Bottleneck, Confidence, KvPressure, Source, Thresholds, most_severe
 from kvwatch.engines import Engine
 from kvwatch.engines.vllm import ENGINE as VLLM
@@ -187,6 +193,12 @@ SENTENCES: dict[str, str] = {
         "KV-fetch stages){transfer_text}"
     ),
     "all_deferred": "all {waiting!n} waiting requests are deferred (LoRA budget, KV transfer), not held by capacity",
+    "lora_slots_taken": (
+        "{waiting!n} requests waiting with {running!n} running, and every one of the {slots} LoRA slots held a "
+        "running adapter in {full} of the queue's {samples} samples ({adapters} adapters now): the engine does not "
+        "say which adapters wait, so the slots may be what holds the queue, and a Running plateau or steady prefill "
+        "cannot be told from them"
+    ),
     "waiting_few_run": "{waiting!n} requests waiting while only {running!n} run",
     "preempting": "{rate:.1f} preemptions/s: running requests lose their KV blocks and recompute",
     "kv_high": "KV cache {kv!p} used (admission stalls above {threshold!p})",
@@ -689,6 +701,28 @@ def steps_nearly_full(s: Signals, hints: Hints, th: Thresholds) -> Verdict | Non
     return Verdict(Bottleneck.UNDETERMINED, [fact], confidence=LOW, reason="engine steps within one step of full")
 
 
+def lora_slots_taken(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
+    """Every LoRA slot was taken while the queue persisted, and the engine does not say which adapters wait (SGLang's
+    lora_pool_slots_*): requests of other adapters wait for a slot whatever the ceiling, and Running then holds at
+    what the running adapters' requests number, flat like a ceiling, with prefill paced by the slots turning over. No
+    limit is named on what the slots may explain (the positive evidence above still names one: Running at the
+    configured ceiling, full steps, KV); a queue small for the batch is ``small_queue``'s."""
+    if not lora_slots_unattributed(s):
+        return None
+    if _small_for_batch(s, th):
+        return small_queue(s, hints, th)
+    c, streak = s.capacity, s.queue.streak
+    numbers = {"adapters": c.lora_running, "slots": c.max_lora, "full": sum(p.lora_slots_full for p in streak)}
+    fact = ("lora_slots_taken", {"waiting": _waiting(s), "running": _running(s), "samples": len(streak)} | numbers)
+    facts: list[Fact] = [fact, _kv_room(s)]
+    unseen = ["which LoRA adapters wait"]
+    if not hints.max_num_seqs:
+        unseen.append("max_num_seqs (pass --max-num-seqs)")
+    facts.append(("unseen", {"what": ", ".join(unseen)}))
+    reason = "every LoRA slot was taken and the engine does not say which adapters wait: the queue is not attributed"
+    return Verdict(Bottleneck.UNDETERMINED, facts, confidence=LOW, reason=reason)
+
+
 def running_plateau(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
     """No hint: Running flat at its window maximum over the latest samples, all with a queue, while requests
     were admitted (prefill completed) meanwhile, so slots turned over and none was added: the sequence
@@ -762,6 +796,8 @@ def _likely_limit(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
     waiting at ~30k prompt tokens/s). Not on a queue small for the batch (``small_queue``'s), nor while no engine
     step ends, nor with the KV cache filling."""
     if s.queue.waiting_streak >= _samples_to_tell(s, hints, th) or s.throughput.steps_per_second == 0.0:
+        return None
+    if lora_slots_unattributed(s):  # full LoRA slots may be what holds the queue (lora_slots_taken)
         return None
     kv = s.kv.recent_max
     if kv is None or kv > th.guess_kv_room or _small_for_batch(s, th):
@@ -908,6 +944,7 @@ RULES: tuple[Rule, ...] = (
     queue_just_formed,
     no_step_ended,
     steps_nearly_full,
+    lora_slots_taken,
     running_plateau,
     small_queue,
     prefill_paced,

@@ -118,7 +118,8 @@ def _add_engine(fams: dict[str, _Metric], labels: list[str], d: Diagnosis) -> No
             fams[fam].add_metric([*labels, limit[1]], limit[0])
     if s.capacity.lora_running is not None:
         fams["kvwatch_lora_adapters"].add_metric([*labels, "running"], s.capacity.lora_running)
-        fams["kvwatch_lora_adapters"].add_metric([*labels, "waiting"], s.capacity.lora_waiting or 0)
+    if s.capacity.lora_waiting is not None:  # unknown for SGLang: no 0 that would say none wait
+        fams["kvwatch_lora_adapters"].add_metric([*labels, "waiting"], s.capacity.lora_waiting)
     _add_capacity(fams, labels, d)
     for b in Bottleneck:
         fams["kvwatch_bottleneck"].add_metric([*labels, b], 1.0 if d.bottleneck == b else 0.0)

@@ -58,6 +58,7 @@ class Point:
     gauges: dict[str, float]
     counters: dict[str, float]  # reset-corrected cumulative
     hists: dict[str, Histogram]  # reset-corrected cumulative
+    lora_slots_full: bool = False  # every LoRA slot held a running adapter (EngineSnapshot.lora_running >= max_lora)
 
 
 def _corrected(prev_raw: float | None, prev_corr: float | None, raw: float) -> float:
@@ -122,7 +123,8 @@ class EngineHistory:
         }
         if reset:
             self.resets += 1
-        self.points.append(Point(t, dict(snap.gauges), counters, hists))
+        full = bool(snap.max_lora and (snap.lora_running or 0) >= snap.max_lora)
+        self.points.append(Point(t, dict(snap.gauges), counters, hists, full))
         self.latest = snap
         while len(self.points) > 2 and t - self.points[0].t > self.keep_seconds:
             self.points.popleft()
@@ -174,6 +176,7 @@ class StreakPoint:
     kv: float | None
     prompt_tokens: float | None
     generation_tokens: float | None = None  # the reset-corrected cumulative count, None if not exported
+    lora_slots_full: bool = False  # every LoRA slot held a running adapter (Point.lora_slots_full)
 
 
 @dataclass(slots=True)
@@ -479,6 +482,7 @@ def _streak(pts: list[Point]) -> tuple[StreakPoint, ...]:
             p.gauges.get(Gauge.KV_CACHE_USAGE_RATIO),
             p.counters.get(key),
             p.counters.get(Counter.GENERATION_TOKENS),
+            p.lora_slots_full,
         )
         for p in pts
     )

@@ -100,6 +100,49 @@ def test_sglang_old_name_label_is_the_model():
     assert key == ("/models/llama", "0")
 
 
+def _lora_pool(rank: str, tp: str, used: float | None, total: float | None) -> str:
+    labels = f'dp_rank="{rank}",engine_type="unified",model_name="m",pp_rank="0",tp_rank="{tp}"'
+    lines = [f"sglang:num_running_reqs{{{labels}}} 8"]
+    if used is not None:
+        lines.append(f"sglang:lora_pool_slots_used{{{labels}}} {used}")
+    if total is not None:
+        lines.append(f"sglang:lora_pool_slots_total{{{labels}}} {total}")
+    return "\n".join(lines) + "\n"
+
+
+def test_sglang_lora_pool_is_the_adapters_running_and_the_slots_never_who_waits():
+    """lora_pool_slots_used / _total (collector.py at 00ae9c15, only with --enable-lora) fill the snapshot's
+    lora_running / max_lora per dp_rank, the maximum over its tensor ranks; which adapters wait stays unknown (None,
+    not 0: SGLang does not say), and adapters without the slots are not read."""
+    body = (
+        "# TYPE sglang:num_running_reqs gauge\n# TYPE sglang:lora_pool_slots_used gauge\n"
+        "# TYPE sglang:lora_pool_slots_total gauge\n"
+        + _lora_pool("0", "0", 4, 4)
+        + _lora_pool("0", "1", 3, 4)
+        + _lora_pool("1", "0", 2, 8)
+        + _lora_pool("2", "0", 2, None)
+    )
+    snaps = read("sglang", body)
+    lora = {key[1]: (s.lora_running, s.max_lora, s.lora_waiting) for key, s in snaps.items()}
+    assert lora == {"0": (4, 4, None), "1": (2, 8, None), "2": (None, None, None)}
+    assert read("sglang", SGLANG)[("meta-llama/Llama-3.1-8B-Instruct", "0")].max_lora is None  # no --enable-lora
+
+
+def test_sglang_exports_the_adapters_running_and_no_waiting_series():
+    """kvwatch_lora_adapters{state="waiting"} would say 0 adapters wait: SGLang does not say, so it is absent."""
+    t = Target("sglang")
+    for i in range(3):
+        t.observe_body(1000.0 + i, "# TYPE sglang:num_running_reqs gauge\n" + _lora_pool("0", "0", 4, 4))
+    t.diagnosis = t.diagnose(1002.0)
+    registry = CollectorRegistry()
+    registry.register(KvwatchCollector(lambda: [t]))
+    text = generate_latest(registry).decode()
+    states = {
+        ln.split('state="')[1].split('"')[0] for ln in text.splitlines() if ln.startswith("kvwatch_lora_adapters{")
+    }
+    assert states == {"running"}
+
+
 def test_sglang_kv_bound_rank_is_named_kv_cache_with_sglang_flags():
     t = Target("sglang")
     for i in range(12):

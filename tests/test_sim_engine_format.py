@@ -40,6 +40,9 @@ SGLANG = {
     "sglang:num_prefill_inflight_queue_reqs": "gauge",
     "sglang:num_decode_prealloc_queue_reqs": "gauge",
     "sglang:num_decode_transfer_queue_reqs": "gauge",
+    "sglang:lora_pool_slots_used": "gauge",
+    "sglang:lora_pool_slots_total": "gauge",
+    "sglang:lora_pool_utilization": "gauge",
     "sglang:realtime_tokens_total": "counter",
     "sglang:prompt_tokens_total": "counter",
     "sglang:generation_tokens_total": "counter",
@@ -160,8 +163,10 @@ def test_exposition_parses_with_only_documented_families_types_and_labels(engine
 @pytest.mark.parametrize("engine", list(DOCUMENTED))
 def test_every_family_the_adapter_reads_is_rendered(engine):
     """What kvwatch's adapter keeps (kvwatch.engines.<engine>) and the engine documents, the simulator serves (P/D
-    queues only on a decode server; old-build-only names never)."""
-    printed = set(_printed_names(rendered(engine, "kv_cache"))) | set(_printed_names(rendered(engine, "kv_transfer")))
+    queues only on a decode server, LoRA slots only with LoRA; old-build-only names never)."""
+    printed = {
+        name for preset in ("kv_cache", "kv_transfer", "max_loras") for name in _printed_names(rendered(engine, preset))
+    }
     base = {n.removesuffix("_total") for n in printed}
     adapter = by_name(EXPOSITIONS[engine].engine)
     wanted = {n.removesuffix("_total") for n in DOCUMENTED[engine] if adapter.keep_family(n.removesuffix("_total"))}
@@ -194,7 +199,7 @@ def _value(text: str, name: str, **labels) -> float:
 
 def test_token_counters_move_when_requests_end_and_decode_steps_live():
     """SGLang's and trtllm-serve's token counters and llama.cpp's tokens_predicted_total count a request when it
-    ends, so they trail the tokens generated; SGLang's realtime decode counter (per log interval) and llama.cpp's
+    ends, so they trail the tokens generated; SGLang's realtime decode counter (per decode step) and llama.cpp's
     n_decode_total (per decode call) move while requests run."""
     sim = Simulator(load_scenario("healthy"), seed=3, wall_start=1.8e9)
     sim.advance_to(20.0)
@@ -208,6 +213,28 @@ def test_token_counters_move_when_requests_end_and_decode_steps_live():
     lc = EXPOSITIONS["llamacpp"].render(sim)
     assert _value(lc, "llamacpp:tokens_predicted_total") == finished
     assert _value(lc, "llamacpp:n_decode_total") == e.stats.steps > 0
+
+
+def test_sglang_realtime_prefill_counts_each_chunk_as_it_is_batched():
+    """SGLang adds each prefill batch's scheduled tokens to realtime_tokens_total{mode="prefill_compute"} (a chunk of
+    a long prompt counts when it is batched, PrefillAdder.log_input_tokens), not a prompt when it completes: with
+    4,000-8,000-token prompts in 2,048-token chunks, the counter holds the completed prompts' computed tokens plus the
+    chunks of the prompts still in prefill, and decode counts one token per running request and step."""
+    sim = Simulator(load_scenario("gpu_token_budget"), seed=3, wall_start=1.8e9)
+    for t in (5.0, 12.0, 20.0):
+        sim.advance_to(t)
+        (e,) = sim.engines
+        assert e.stats.preemptions == 0  # no recomputation to count twice
+        in_prefill = [r for r in e.running if r.output == 0]
+        partial = sum(r.num_computed - r.cached_tokens - r.external_tokens for r in in_prefill)
+        assert partial > 0, t  # a prompt is mid-prefill at each of these times
+        text = EXPOSITIONS["sglang"].render(sim)
+        assert (
+            _value(text, "sglang:realtime_tokens_total", mode="prefill_compute")
+            == e.stats.prompt_local_compute + partial
+        )
+        started = e.stats.h_ttft.count  # requests with a first token: it came from their prefill, not a decode step
+        assert _value(text, "sglang:realtime_tokens_total", mode="decode") == e.stats.gen_tokens - started
 
 
 def test_llamacpp_defers_only_beyond_its_slots_and_has_no_kv_gauge():

@@ -54,12 +54,13 @@ _TRTLLM = {
 
 # Per engine, the presets whose expected verdicts differ from vLLM's (tests/helpers/sim_judge.CASES), and why.
 OVERRIDES: dict[str, dict[str, dict[str, tuple[str, float]]]] = {
-    # SGLang shows no sleep state and no LoRA queue: the LoRA-bound queue is a queue with room: none.
+    # SGLang shows no sleep state, and its LoRA slots (lora_pool_slots_*) but not which adapters wait: a queue while
+    # every slot is taken is undetermined (diagnose.lora_slots_taken), never a ceiling inferred from Running.
     "sglang": {
         "asleep": _ASLEEP,
         "gpu_asleep": _ASLEEP,
-        "max_loras": {"max_loras": ("none", 6.0)},
-        "gpu_max_loras": {"max_loras": ("none", 6.0)},
+        "max_loras": {"max_loras": ("undetermined", 6.0)},
+        "gpu_max_loras": {"max_loras": ("undetermined", 6.0)},
     },
     # trtllm-serve: no sleep state, no LoRA queue, no KV-transfer stages; its queue there has room: none. No step
     # data read, and its token counters move as requests end (EngineSnapshot.tokens_at_request_end): no step budget.
@@ -91,34 +92,6 @@ OVERRIDES: dict[str, dict[str, dict[str, tuple[str, float]]]] = {
         },
     },
 }
-
-
-# Where kvwatch is wrong today, with the wrong verdict it gives (kept exact: a different wrong name still fails).
-# Each is a rule in kvwatch/diagnose.py standing in for a limit the engine's metrics cannot show, or a limit it
-# shows only through noisy counters; for the lead (diagnose.py), not fixable in the adapters alone.
-KNOWN_WRONG: dict[tuple[str, str], tuple[frozenset[str], str]] = {
-    ("max_loras", "sglang"): (
-        frozenset({"max_num_seqs"}),
-        "running_plateau infers a max_num_seqs ceiling from Running held by the LoRA slots (SGLang exports no LoRA "
-        "queue; its lora_pool_slots_* are not read)",
-    ),
-    ("gpu_max_loras", "sglang"): (
-        frozenset({"max_num_seqs", "token_budget"}),
-        "running_plateau / prefill_paced name a ceiling for a queue held by LoRA slots the engine cannot show",
-    ),
-    ("gpu_token_budget", "sglang"): (
-        frozenset({"none"}),
-        "prefill_paced on realtime_tokens_total (SGLang has no per-step data) flickers to none on long chunked "
-        "prompts: more than the judge's 10% after the lag",
-    ),
-}
-
-
-def _marks(preset: str, engine: str) -> list:
-    known = KNOWN_WRONG.get((preset, engine))
-    # Not strict: the simulation is deterministic, but which scrape phases go wrong is the rule's business; the
-    # wrong verdicts themselves are pinned in test_a_limit_the_engine_cannot_show_is_never_named_as_another.
-    return [pytest.mark.xfail(reason=known[1], strict=False)] if known else []
 
 
 def expected(engine: str, preset: str) -> dict[str, tuple[str, float]]:
@@ -155,7 +128,7 @@ OFFSETS = (0.0, 0.3, 0.7)
 @pytest.mark.parametrize("hinted", [False, True], ids=["no-hints", "hints"])
 @pytest.mark.parametrize(
     ("preset", "engine"),
-    [pytest.param(p, e, marks=_marks(p, e), id=f"{p}-{e}") for p in CASES for e in ENGINES],
+    [pytest.param(p, e, id=f"{p}-{e}") for p in CASES for e in ENGINES],
 )
 def test_preset_is_diagnosed_as_the_engine_can_show(preset, engine, hinted, offset):
     want = expected(engine, preset)
@@ -181,15 +154,14 @@ def test_a_limit_the_engine_cannot_show_is_never_named_as_another(engine, hinted
     """In a phase whose limit the engine cannot show, kvwatch says the verdict the table expects, none or (requests
     waiting, no limit it can name) undetermined, at every scrape once the window holds only that phase (a tour's phase
     starts with the last one's samples), at every phase of the second: never some other limit (max_num_seqs,
-    token_budget, kv_cache) beyond the known wrong verdicts above, which are pinned: a new wrong name fails."""
+    token_budget, kv_cache)."""
     can = shows(engine)
     window = Target("x").window_seconds
     for preset, (_, phases) in CASES.items():
         for phase, (vllm_want, _) in phases.items():
             if vllm_want in can | {"none", "idle"}:
                 continue
-            known = KNOWN_WRONG.get((preset, engine), (frozenset(), ""))[0]
-            allowed = {expected(engine, preset)[phase][0], str(Bottleneck.NONE), str(Bottleneck.UNDETERMINED)} | known
+            allowed = {expected(engine, preset)[phase][0], str(Bottleneck.NONE), str(Bottleneck.UNDETERMINED)}
             for offset in OFFSETS:
                 polls = observe(preset, offset)[engine, hinted]
                 named = {

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import re
 
-from kvwatch.catalog import Action, Bottleneck, Confidence
+from kvwatch.catalog import Action, Bottleneck, Confidence, Thresholds
 from kvwatch.diagnose import RULES, Hints, diagnose_engine
+from kvwatch.engines.sglang import ENGINE as SGLANG
 from kvwatch.engines.vllm import read as read_vllm
 from kvwatch.parse import parse
+from kvwatch.sim import exposition_sglang
 from kvwatch.sim.exposition import render
 from kvwatch.sim.scenario import load_scenario
 from kvwatch.sim.simulator import Simulator
+from kvwatch.snapshot import EngineSnapshot
 from kvwatch.window import EngineHistory, summarize
 
 NAMES = [r.__name__ for r in RULES]
@@ -32,6 +35,20 @@ def diagnoses(scenario, seconds: int, edit=lambda body: body, hints=Hints()):
         history = history or EngineHistory(*key, keep_seconds=11.0)
         history.add(float(t), snap)
         out.append(diagnose_engine(summarize(history, float(t), 10.0), hints))
+    return out
+
+
+def sglang_diagnoses(scenario, seconds: int, edit=lambda body: body, hints=Hints()):
+    """The same, served as SGLang (kvwatch.sim.exposition_sglang) and read by SGLang's adapter."""
+    sim = Simulator(scenario, seed=11)
+    history, out = None, []
+    for t in range(1, seconds + 1):
+        sim.advance_to(float(t))
+        body = edit(exposition_sglang.render(sim))
+        ((key, snap),) = SGLANG.read(parse(body, SGLANG.keep_family), 64).items()
+        history = history or EngineHistory(*key, keep_seconds=11.0)
+        history.add(float(t), snap)
+        out.append(diagnose_engine(summarize(history, float(t), 10.0), hints, engine=SGLANG))
     return out
 
 
@@ -368,3 +385,70 @@ def test_max_loras_capacity_is_what_runs_while_the_slots_are_full():
         assert others and min(others) > d.capacity_sequences[Bottleneck.MAX_LORAS], d.capacity_sequences
     roomy = diagnoses(load_scenario("max_loras", overrides={"engine": {"max_loras": 4}}), 24)
     assert not any(Bottleneck.MAX_LORAS in d.capacity_sequences for d in roomy)
+
+
+# --- SGLang's LoRA pool: the slots full, not who waits -----------------------------------------------------------
+
+INFERRED = {Bottleneck.MAX_NUM_SEQS, Bottleneck.TOKEN_BUDGET}
+
+
+def test_sglang_lora_bound_queue_is_undetermined_with_its_full_slots_never_a_ceiling_inferred():
+    """SGLang's lora_pool_slots_used / _total show every slot taken, not that other adapters wait: the LoRA-bound
+    queue is undetermined and says so, never a max_num_seqs or token_budget inferred from the Running plateau or the
+    steady prefill the slots cause. Without the pool's families the same data names them (issue 24, item 5)."""
+    for preset in ("max_loras", "gpu_max_loras"):
+        ds = sglang_diagnoses(load_scenario(preset), 24)
+        assert not {d.bottleneck for d in ds} & INFERRED, (preset, [d.bottleneck.value for d in ds])
+        settled = [d for d in ds[6:] if d.signals.queue.waiting]
+        slots = [d for d in settled if d.bottleneck is Bottleneck.UNDETERMINED and "LoRA slots held" in d.evidence[0]]
+        assert len(slots) >= 0.9 * len(settled), (preset, [d.evidence[0] for d in settled])
+        assert "which LoRA adapters wait" in " ".join(slots[-1].evidence)
+        blind = sglang_diagnoses(load_scenario(preset), 24, without_family("lora_pool_"))
+        assert {d.bottleneck for d in blind} & INFERRED, preset
+
+
+def test_sglang_with_a_slot_for_every_adapter_still_infers_its_ceiling():
+    """Four adapters, four slots, a max_num_seqs of 2: the slots are never all taken by the two running requests, so
+    the Running plateau is the ceiling's, inferred as for any engine."""
+    overrides = {"engine": {"max_loras": 4, "max_num_seqs": 2}}
+    ds = sglang_diagnoses(load_scenario("max_loras", overrides=overrides), 24)
+    assert sum(d.bottleneck is Bottleneck.MAX_NUM_SEQS for d in ds[10:]) >= 0.9 * len(ds[10:])
+
+
+def plateau(**lora):
+    """Running held at 4 with a draining queue and KV room, prefill completing each second: a plateau
+    running_plateau infers a ceiling of 4 from; ``lora`` the snapshot's LoRA fields at every sample."""
+    h = EngineHistory("m", "0", keep_seconds=11.0)
+    for t in range(11):
+        gauges = {"requests_running": 4.0, "requests_waiting": 100.0 - 4 * t, "kv_cache_usage_ratio": 0.05}
+        counters = {"prompt_tokens": 100.0 * (t + 1), "generation_tokens": 32.0 * (t + 1)}
+        h.add(1000.0 + t, EngineSnapshot("m", "0", gauges, counters, **lora))
+    return summarize(h, 1010.0, 10.0)
+
+
+def test_full_slots_of_unknown_waiters_leave_a_plateau_unattributed_and_vllm_keeps_its_verdict():
+    deciding = {}
+    for name, lora in {
+        "none": {},
+        "full, waiters unknown (SGLang)": {"lora_running": 4, "max_lora": 4},
+        "full, none waiting (vLLM)": {"lora_running": 4, "max_lora": 4, "lora_waiting": 0},
+        "a slot free (SGLang)": {"lora_running": 3, "max_lora": 4},
+    }.items():
+        s = plateau(**lora)
+        deciding[name] = (next(r.__name__ for r in RULES if r(s, Hints(), Thresholds()) is not None), s)
+    assert {k: v[0] for k, v in deciding.items()} == {
+        "none": "running_plateau",
+        "full, waiters unknown (SGLang)": "lora_slots_taken",
+        "full, none waiting (vLLM)": "running_plateau",
+        "a slot free (SGLang)": "running_plateau",
+    }
+    d = diagnose_engine(deciding["full, waiters unknown (SGLang)"][1], engine=SGLANG)
+    assert d.bottleneck is Bottleneck.UNDETERMINED and d.confidence is Confidence.LOW and d.max_num_seqs is None
+    assert "every one of the 4 LoRA slots held a running adapter in 11 of the queue's 11 samples" in d.evidence[0]
+    # positive evidence still names its limit: Running at the configured ceiling
+    d = diagnose_engine(deciding["full, waiters unknown (SGLang)"][1], Hints(max_num_seqs=4), engine=SGLANG)
+    assert d.bottleneck is Bottleneck.MAX_NUM_SEQS and d.max_num_seqs == (4, "configured")
+
+
+def test_lora_slots_taken_comes_before_the_inferring_rules():
+    assert NAMES.index("lora_slots_taken") < min(NAMES.index(r) for r in ("running_plateau", "prefill_paced"))

@@ -5,13 +5,20 @@ What SGLang exports, and what it means here:
   over its pools), ``max_total_num_tokens`` (the pool's size in tokens), ``cache_hit_rate`` (a ratio, not counters).
 - Token counters: ``prompt_tokens_total`` / ``generation_tokens_total`` / ``cached_tokens_total`` are counted by the
   tokenizer manager when a request *finishes* (``observe_one_finished_request``), so they move in lumps; newer builds
-  also count ``realtime_tokens_total{mode=prefill_compute|prefill_cache|decode}`` every log interval, read instead
-  where present.
+  (sgl-project/sglang#15198, Dec 2025) also count ``realtime_tokens_total{mode=prefill_compute|prefill_cache|decode}``
+  as the scheduler batches tokens (each prefill batch's chunks, each decode iteration:
+  python/sglang/srt/managers/scheduler_components/metrics_reporter.py at 00df707e), read instead where present.
 - Retraction is SGLang's preemption: ``num_retracted_requests_total`` (a counter; older builds only the
   ``num_retracted_reqs`` gauge, not read: it is the last interval's count, not a total).
 - P/D disaggregation: a decode server's ``num_decode_prealloc_queue_reqs`` wait for KV room to receive into and
   ``num_decode_transfer_queue_reqs`` for their KV to arrive: the snapshot's KV-fetch stages, part of the queue.
 - Histograms: ``time_to_first_token_seconds``, ``inter_token_latency_seconds``, ``queue_time_seconds``.
+- LoRA (only with ``--enable-lora``; sgl-project/sglang#15149, Dec 2025): ``lora_pool_slots_used``, the distinct
+  adapters of the running batch (the base model not counted), and ``lora_pool_slots_total``, ``--max-loras-per-batch``
+  (python/sglang/srt/metrics/collector.py at 00ae9c15; set by ``_update_lora_metrics`` in
+  python/sglang/srt/managers/scheduler_components/metrics_reporter.py at 00df707e): the snapshot's ``lora_running`` /
+  ``max_lora``, as vLLM's lora_requests_info fills them. SGLang does not say which adapters wait (``lora_waiting``
+  stays unknown), so a full pool shows that the slots may hold the queue, never that they do.
 - Labels: ``model_name`` (``name`` in old builds), then ``engine_type``, ``tp_rank``, ``pp_rank``, ``dp_rank``,
   ``moe_ep_rank``; series of one data-parallel rank are one engine; tensor/pipeline ranks of it report the same
   scheduler and are not added (the maximum is kept). ``priority`` series other than "" are parts of the total.
@@ -51,12 +58,13 @@ COUNTERS: dict[str, Counter] = {
 REALTIME = _P + "realtime_tokens"  # {mode}: prefill_compute, prefill_cache, decode
 CACHED = _P + "cached_tokens"
 POOL = _P + "max_total_num_tokens"
+LORA_USED, LORA_TOTAL = _P + "lora_pool_slots_used", _P + "lora_pool_slots_total"
 HISTOGRAMS: dict[str, Hist] = {
     _P + "time_to_first_token_seconds": Hist.TIME_TO_FIRST_TOKEN_SECONDS,
     _P + "inter_token_latency_seconds": Hist.INTER_TOKEN_LATENCY_SECONDS,
     _P + "queue_time_seconds": Hist.QUEUE_TIME_SECONDS,
 }
-KEEP_FAMILIES = frozenset([*GAUGES, *COUNTERS, *HISTOGRAMS, REALTIME, CACHED, POOL])
+KEEP_FAMILIES = frozenset([*GAUGES, *COUNTERS, *HISTOGRAMS, REALTIME, CACHED, POOL, LORA_USED, LORA_TOTAL])
 _MODEL, _RANK = "model_name", "dp_rank"
 
 
@@ -92,6 +100,7 @@ def read(families: dict[str, Family], max_engines: int = 64) -> dict[tuple[str, 
         if fam is not None:
             read_histograms(canon, _relabelled(fam), snap, out, (_MODEL, _RANK))
     _apply_pool(families.get(POOL), snap)
+    _apply_lora(families.get(LORA_USED), families.get(LORA_TOTAL), snap)
     return out
 
 
@@ -161,6 +170,24 @@ def _apply_pool(fam: Family | None, snap) -> None:
             s.cache = CacheConfig(kv_cache_size_tokens=int(smp.value))
 
 
+def _apply_lora(used: Family | None, total: Family | None, snap) -> None:
+    """The LoRA pool per scheduler (the maximum over its tensor / pipeline ranks, as for the gauges): adapters in the
+    running batch and slots. Read only with both: adapters without the slots say nothing of a full pool."""
+    adapters: dict[tuple[str, str], float] = {}
+    for smp in used.samples if used is not None else ():
+        if math.isfinite(smp.value) and smp.value >= 0 and _is_total(smp.labels):
+            labels = _key_labels(smp.labels)
+            key = (labels.get(_MODEL, ""), labels.get(_RANK, "0"))
+            adapters[key] = max(adapters.get(key, 0.0), smp.value)
+    for smp in total.samples if total is not None else ():
+        labels = _key_labels(smp.labels)
+        key = (labels.get(_MODEL, ""), labels.get(_RANK, "0"))
+        if key in adapters and math.isfinite(smp.value) and smp.value >= 1 and _is_total(smp.labels):
+            s = snap(labels)
+            s.max_lora = max(s.max_lora or 0, int(smp.value))
+            s.lora_running = max(s.lora_running or 0, int(adapters[key]))
+
+
 def recognise(name: str) -> bool:
     return name.startswith(_P)
 
@@ -189,7 +216,12 @@ ENGINE = Engine(
     recognise=recognise,
     read=read,
     flags=FLAGS,
-    # No sleep state and no per-adapter queue in its metrics (lora_pool_* says slots, not who waits).
+    # No sleep state, and no per-adapter queue: lora_pool_slots_* say the slots are full, not that anyone waits for
+    # one (a full pool with a queue is undetermined: kvwatch.capacity.lora_slots_unattributed).
     shows=frozenset(Bottleneck) - {Bottleneck.ASLEEP, Bottleneck.MAX_LORAS},
-    cannot_tell="its configured ceilings (--max-running-requests, --chunked-prefill-size): inferred or given as hints",
+    cannot_tell=(
+        "its configured ceilings (--max-running-requests, --chunked-prefill-size): inferred or given as hints; which "
+        "LoRA adapters wait (lora_pool_slots_* show the slots full, not a queue for them): a queue while every slot is "
+        "taken is undetermined, never a ceiling inferred"
+    ),
 )

@@ -152,8 +152,13 @@ class EngineStats:
         # What other engines' expositions need beyond vLLM's (kvwatch.sim.exposition_*):
         self.seqs_stepped = 0  # requests summed over steps (llama.cpp's n_busy_slots_per_decode)
         self.longest_seq = 0  # the longest finished request, prompt + output (llama.cpp's n_tokens_max)
-        # SGLang's log-interval view (t, prompt computed, prompt cached, generated, gen tokens/s), see _log_interval
-        self.logged: tuple[float, int, int, int, float] = (0.0, 0, 0, 0, 0.0)  # t: simulated seconds
+        # SGLang's realtime_tokens_total{mode}: tokens as the scheduler batches them (each prefill chunk, each decode
+        # token), not when a request ends; see _count_realtime
+        self.realtime_prefill_compute = 0
+        self.realtime_prefill_cache = 0
+        self.realtime_decode = 0
+        # SGLang's gen_throughput, set at its stats log: (t, generated tokens then, tokens/s), see _log_interval
+        self.logged: tuple[float, int, float] = (0.0, 0, 0.0)  # t: simulated seconds
         # gauges (as last published)
         self.running = 0
         self.waiting = 0
@@ -459,6 +464,7 @@ class Engine:
         req.num_computed = hit_tokens + external
         self._allocate(need)
         req.blocks = need
+        self.stats.realtime_prefill_cache += hit_tokens  # SGLang's prefill_cache: at every admission, retried too
         if req.num_preemptions == 0:
             self.stats.prefix_queries += req.num_tokens
             self.stats.prefix_hits += hit_tokens
@@ -487,10 +493,9 @@ class Engine:
         self.in_flight = None
         stats = self.stats
         prev_end = self.prev_end
-        bulk_itl = 0
-        gen = 0
-        prompt_iter = 0
+        bulk_itl = gen = prompt_iter = 0
         finished = None
+        _count_realtime(stats, scheduled)
         for req, num_new in scheduled:
             c = req.num_computed + num_new
             req.num_computed = c
@@ -590,15 +595,30 @@ class Engine:
             s.waiting_loras = tuple(sorted({r.lora for r in self.waiting if r.lora is not None}))
 
 
-# SGLang's scheduler logs its stats (realtime_tokens_total, gen_throughput) after every prefill batch and every
+# SGLang's scheduler logs its stats (gen_throughput and the other gauges) after every prefill batch and every
 # --decode-log-interval decode batches (default 40; scheduler_metrics_mixin.py).
 SGLANG_DECODE_LOG_INTERVAL = 40
 
 
 def _log_interval(stats: EngineStats, now: float) -> None:
-    t0, _, _, gen0, _ = stats.logged
+    t0, gen0, _ = stats.logged
     rate = (stats.gen_tokens - gen0) / (now - t0) if now > t0 else 0.0
-    stats.logged = (now, stats.prompt_local_compute, stats.prompt_local_cache_hit, stats.gen_tokens, rate)
+    stats.logged = (now, stats.gen_tokens, rate)
+
+
+def _count_realtime(stats: EngineStats, scheduled: list) -> None:
+    """SGLang's realtime_tokens_total as its scheduler counts it (sgl-project/sglang,
+    python/sglang/srt/managers/scheduler_components/metrics_reporter.py at 00df707e: ``report_prefill_stats`` adds
+    each prefill batch's ``PrefillAdder.log_input_tokens``, the tokens of the chunks it scheduled, and
+    ``report_decode_stats`` a decode batch's size every iteration): a chunked prompt counts chunk by chunk. A decode
+    entry is one token of a request that has output; anything else is prefill (a retracted request's recomputation
+    too, as SGLang re-prefills it). Counted at the step's end, with the simulator's other statistics (SGLang counts a
+    batch when it forms it, one step earlier)."""
+    for req, num_new in scheduled:
+        if num_new == 1 and req.output > 0 and req.num_computed + 1 == req.num_tokens:
+            stats.realtime_decode += 1
+        else:
+            stats.realtime_prefill_compute += num_new
 
 
 def _loads_remote_kv(req: Request) -> bool:

@@ -6,14 +6,19 @@ The same simulation as vLLM's exposition, spelled and counted as SGLang does:
 * Two sides, as in SGLang. The **scheduler** (one per data-parallel rank) labels its families ``model_name``,
   ``engine_type`` (``unified``; ``decode`` for a P/D decode server), ``tp_rank``, ``pp_rank`` and, when data
   parallel (``--engines`` > 1), ``dp_rank``: the running batch, the waiting queue, the KV pool (``token_usage``,
-  ``num_used_tokens``, ``max_total_num_tokens``), retractions (SGLang's preemption) and
-  ``realtime_tokens_total{mode}``, which SGLang adds at each stats log (every prefill batch and every 40th decode
-  batch: kvwatch.sim.engine's ``logged``), like ``gen_throughput``. The **tokenizer manager** (one per server,
-  ``model_name`` and ``engine_type`` only) counts tokens when a request *finishes* (``observe_one_finished_request``),
-  so ``prompt_tokens_total`` / ``generation_tokens_total`` move in lumps, and observes TTFT, inter-token latency and
-  end-to-end latency over every rank's requests.
+  ``num_used_tokens``, ``max_total_num_tokens``), retractions (SGLang's preemption), ``gen_throughput`` (set at each
+  stats log: every prefill batch and every 40th decode batch, kvwatch.sim.engine's ``logged``) and
+  ``realtime_tokens_total{mode}``, which SGLang adds as its scheduler batches the tokens: each prefill batch's
+  chunks (a long prompt chunk by chunk) and each decode step's tokens (kvwatch.sim.engine's ``_count_realtime``).
+  The **tokenizer manager** (one per server, ``model_name`` and ``engine_type`` only) counts tokens when a request
+  *finishes* (``observe_one_finished_request``), so ``prompt_tokens_total`` / ``generation_tokens_total`` move in
+  lumps, and observes TTFT, inter-token latency and end-to-end latency over every rank's requests.
 * A P/D decode server's requests waiting for KV room or for their KV to arrive are in the decode prealloc / transfer
   queues, not in ``num_queue_reqs`` (the simulator's KV-fetch stages ``waiting_to_start`` / ``in_progress``).
+* With LoRA (``max_loras`` > 0, SGLang's ``--enable-lora``), ``lora_pool_slots_used`` (the distinct adapters of the
+  running batch), ``lora_pool_slots_total`` (``--max-loras-per-batch``) and ``lora_pool_utilization``: which adapters
+  wait is not exported, as in SGLang. The simulator's base-model requests take no slot (vLLM's rule; SGLang's
+  admission counts the base model as one, its gauge does not).
 * No ``_created`` series (prometheus_client in multiprocess mode). Histogram bounds are the simulator's (vLLM's):
   SGLang takes TTFT / ITL / e2e bounds from ``--bucket-*`` flags, so these are bounds it can serve.
 * Simplified: the gauges are published after every step (SGLang sets them at its stats log only), and
@@ -72,7 +77,7 @@ def _scheduler_gauges(out: Text, sim, labels: list[Labels]) -> None:
     gauge(
         "gen_throughput",
         "Generation tokens per second over the last log interval.",
-        [e.stats.logged[4] for e in engines],
+        [e.stats.logged[2] for e in engines],
     )
     # The waiting queue; a P/D decode server's requests still waiting for KV room or transfer are in their own queues.
     gauge(
@@ -85,6 +90,15 @@ def _scheduler_gauges(out: Text, sim, labels: list[Labels]) -> None:
     if engines[0].cfg.kv_transfer_tokens_per_s:
         gauge("num_decode_prealloc_queue_reqs", "Requests waiting for KV room to receive into.", [f[0] for f in fetch])
         gauge("num_decode_transfer_queue_reqs", "Requests whose KV is being transferred.", [f[1] for f in fetch])
+    if engines[0].cfg.max_loras:  # --enable-lora: the slots, not which adapters wait
+        used, total = [len(e.stats.running_loras) for e in engines], [e.cfg.max_loras for e in engines]
+        gauge("lora_pool_slots_used", "LoRA adapter slots occupied by the running batch's adapters.", used)
+        gauge("lora_pool_slots_total", "LoRA adapter slots (max_loras_per_batch).", total)
+        gauge(
+            "lora_pool_utilization",
+            "LoRA pool utilization (used / total).",
+            [u / n for u, n in zip(used, total, strict=True)],
+        )
     out.histogram(
         P + "queue_time_seconds",
         "Seconds in the waiting queue.",
@@ -106,12 +120,15 @@ def _scheduler_counters(out: Text, sim, labels: list[Labels]) -> None:
     )
     rows = []
     for lab, s in zip(labels, stats, strict=True):
-        _, compute, cache, gen, _ = s.logged
         rows += [
             ((*lab, ("mode", m)), v)
-            for m, v in (("prefill_compute", compute), ("prefill_cache", cache), ("decode", gen))
+            for m, v in (
+                ("prefill_compute", s.realtime_prefill_compute),
+                ("prefill_cache", s.realtime_prefill_cache),
+                ("decode", s.realtime_decode),
+            )
         ]
-    out.family(P + "realtime_tokens_total", "Tokens processed, counted at each stats log, by mode.", "counter", rows)
+    out.family(P + "realtime_tokens_total", "Tokens processed as the scheduler batches them, by mode.", "counter", rows)
 
 
 def _tokenizer_families(out: Text, sim, lab: Labels) -> None:
