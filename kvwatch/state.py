@@ -94,6 +94,8 @@ class Target:
         self.errors = {r: 0 for r in REASONS}
         self.scrape_duration_seconds: float | None = None
         self.folded_engines = 0  # pairs beyond max_engines in the last good scrape (kvwatch_folded_engines)
+        # Why the engine's extra path (llama.cpp's /slots) was not read at the last scrape; None: read, or none to read
+        self.extra_error: str | None = None
         self.diagnosis: TargetDiagnosis | None = None
         # What the status page charts: a few numbers per scrape, bounded (kvwatch.history).
         self.history = TargetHistory(history_seconds, history_samples, max_engines)
@@ -121,15 +123,31 @@ class Target:
         is named as such); one set lookup per family (kvwatch.engines.keep_any)."""
         return keep_any
 
-    def observe_body(self, t: float, body: str) -> None:
-        """Parse and record one scrape body. Raises ParseError / NoEngineMetrics (the scrape failed)."""
-        self.observe(t, parse(body, self.keep_family), body)
+    def observe_body(self, t: float, body: str, extra: bytes | None = None) -> None:
+        """Parse and record one scrape body (and its engine's extra path's body, if read). Raises ParseError /
+        NoEngineMetrics (the scrape failed)."""
+        families = parse(body, self.keep_family)
+        engine = self.engine_for(families)
+        parsed = engine.extra.parse(extra) if engine is not None and engine.extra and extra is not None else None
+        self.observe(t, families, body, parsed)
 
-    def observe(self, t: float, families, body: str = "") -> None:
+    def engine_for(self, families) -> Engine | None:
+        """The engine a scrape of these families is read as (None: none recognised), without changing anything."""
+        return self.engine_wanted or detect(families)
+
+    def extra_url(self, families) -> str | None:
+        """Where the engine these families are read as serves its extra path (llama.cpp's /slots), if it has one."""
+        engine = self.engine_for(families)
+        return engine.extra_url(self.url) if engine is not None else None
+
+    def observe(self, t: float, families, body: str = "", extra: object | None = None) -> None:
         """Record one parsed scrape. ``body``, the text it was parsed from, only names what it carried instead when
-        no engine's families are in it."""
+        no engine's families are in it. ``extra``: its engine's extra path as that engine's ``extra.parse`` read it
+        (None: not read, or unreadable; the snapshots then lack what it adds)."""
         engine = self._engine_of(families, body)
         snaps = engine.read(families, self.max_engines)
+        if extra is not None and engine.extra is not None and snaps:
+            engine.extra.fill(extra, snaps)
         if not snaps:
             seen = detect(families)
             if seen is not None and seen is not engine:  # --engine names another engine than the one serving
