@@ -157,12 +157,13 @@ class Monitor:
 
     async def _read_extra(self, state: Target, families, started: float) -> object | None:
         """The engine's extra path (llama.cpp's /slots), read after its metrics within what is left of the scrape's
-        deadline, as its adapter parses it; None when it has none, or it failed, was slow or unreadable: then the
-        snapshot lacks what it adds, and the log says why once per change (the scrape itself has succeeded)."""
+        deadline while the engine serves (Target.serving), as its adapter parses it; None when it has none, the engine
+        is idle, or it failed, was slow or unreadable: then the snapshot lacks what it adds, and the log says why once
+        per change (the scrape itself has succeeded)."""
         engine = state.engine_for(families)
-        if engine is None or engine.extra is None:
+        if engine is None or engine.extra is None or not state.serving(engine, families):
             return None
-        url, path = state.extra_url(families), engine.extra.path
+        url, path = engine.extra_url(state.url), engine.extra.path
         assert self.fetcher is not None
         if url is None:
             why = f"path: the target's path does not end in {engine.metrics_path}, so where {path} is is not known"

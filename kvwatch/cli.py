@@ -393,23 +393,29 @@ async def _record(args, settings: Settings) -> int:
 
 async def _record_extra(fetcher, state: Target, out: Path, t: float, body: str, left: float) -> None:
     """Beside the scrape at ``t``, what kvwatch reads of the engine's extra path (llama.cpp's /slots), fetched as the
-    scrape loop does (within what is left of the deadline), in the form its adapter keeps for recordings; nothing when
-    the engine has none, or it failed or was unreadable (the replay then judges without it, as the loop would have).
-    Raises OSError (the write)."""
+    scrape loop does (while the engine serves, within what is left of the deadline), in the form its adapter keeps for
+    recordings; nothing when the engine has none, is idle, or it failed or was unreadable (the replay then judges
+    without it, as the loop would have). ``state`` follows the scrapes, to tell when the engine serves. Raises OSError
+    (the write)."""
     from kvwatch.parse import parse
 
     try:
         families = parse(body, state.keep_family)
     except ParseError:
         return
-    engine, url = state.engine_for(families), state.extra_url(families)
-    if engine is None or engine.extra is None or url is None:
-        return
+    engine = state.engine_for(families)
+    parsed = None
+    if engine is not None and engine.extra is not None and state.serving(engine, families):
+        url = engine.extra_url(state.url)
+        try:
+            parsed = engine.extra.parse(await fetcher.fetch_extra(url, left)) if url else None
+        except ScrapeError:
+            parsed = None
     try:
-        parsed = engine.extra.parse(await fetcher.fetch_extra(url, left))
-    except ScrapeError:
+        state.observe(t, families, body, parsed)
+    except NoEngineMetrics:
         return
-    if parsed is not None:
+    if parsed is not None and engine is not None and engine.extra is not None:
         write_extra(out, t, engine.extra.suffix, engine.extra.record(parsed))
 
 

@@ -991,7 +991,7 @@ def _unseen_kv(s: Signals, engine: Engine, verdict: Bottleneck) -> list[Fact]:
     slot only."""
     if s.kv.usage_ratio is not None or s.kv.mean is not None or s.queue.running is None:
         return []
-    if verdict is Bottleneck.KV_CACHE:  # the per-slot context binds: judged, and its facts say so
+    if verdict in (Bottleneck.KV_CACHE, Bottleneck.IDLE):  # judged, its facts say so; or nothing to judge
         return []
     k = s.kv
     if k.context_used_max_ratio is not None:

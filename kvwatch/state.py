@@ -19,6 +19,7 @@ from kvwatch.history import TargetHistory
 from kvwatch.parse import parse
 from kvwatch.redact import redact_url
 from kvwatch.scrape import REASONS
+from kvwatch.snapshot import Counter, EngineSnapshot, Gauge
 from kvwatch.window import EngineHistory, summarize
 
 if TYPE_CHECKING:
@@ -135,10 +136,19 @@ class Target:
         """The engine a scrape of these families is read as (None: none recognised), without changing anything."""
         return self.engine_wanted or detect(families)
 
-    def extra_url(self, families) -> str | None:
-        """Where the engine these families are read as serves its extra path (llama.cpp's /slots), if it has one."""
-        engine = self.engine_for(families)
-        return engine.extra_url(self.url) if engine is not None else None
+    def serving(self, engine: Engine, families) -> bool:
+        """Whether the engine has requests in this scrape, had them in the previous one, or made progress between the
+        two (a request can start and end between scrapes): only then is its extra path read. Reading llama.cpp's /slots
+        is a task in its own loop, which wakes a server asleep (--sleep-idle-seconds) and restarts its idle timer, and
+        an idle server's slots only repeat their last requests' figures."""
+        for key, snap in engine.read(families, self.max_engines).items():
+            hist = self.engines.get(key)
+            prev = hist.latest if hist is not None else None
+            if _present(snap) or (prev is not None and _present(prev)):
+                return True
+            if prev is not None and any(snap.counters.get(k) != prev.counters.get(k) for k in _PROGRESS):
+                return True
+        return False
 
     def observe(self, t: float, families, body: str = "", extra: object | None = None) -> None:
         """Record one parsed scrape. ``body``, the text it was parsed from, only names what it carried instead when
@@ -216,6 +226,13 @@ class Target:
             engine_type=engine_type,
             error_reason=self.last_reason,
         )
+
+
+_PROGRESS = (Counter.ENGINE_STEPS, Counter.GENERATION_TOKENS, Counter.PROMPT_TOKENS)
+
+
+def _present(snap: EngineSnapshot) -> bool:
+    return snap.gauges.get(Gauge.REQUESTS_RUNNING, 0.0) + snap.gauges.get(Gauge.REQUESTS_WAITING, 0.0) > 0
 
 
 def _seen(body: str, most: int = 5) -> str:

@@ -119,7 +119,9 @@ async def test_without_slots_the_kv_cache_is_not_judged_and_the_log_says_how_to_
     assert state.up and e.bottleneck is not Bottleneck.KV_CACHE
     (line,) = [x for x in e.evidence if x.startswith("KV cache not judged")]
     assert "start llama-server with --slots" in line, line
-    assert llama.slots_requests == 6  # tried at every scrape (a server restarted with --slots is read at once)
+    # tried at every scrape while it serves (a server restarted with --slots is read at once): the capture's bodies 3-7
+    # have requests or progress, the 6th scrape's (body 8) neither, after one without requests: not asked then
+    assert llama.slots_requests == 5
     assert len(_warnings(caplog)) == 1
 
 
@@ -133,6 +135,23 @@ async def test_with_slots_the_same_scrapes_name_the_full_slot_context(llama):
     (e,) = state.diagnosis.engines
     assert e.bottleneck is Bottleneck.KV_CACHE and e.confidence == "high", e.evidence
     assert state.extra_error is None and llama.slots_requests == 4
+
+
+async def test_an_idle_server_is_not_asked_for_its_slots_so_it_can_sleep():
+    """Reading /slots is a task in llama.cpp's loop: it wakes a server asleep (--sleep-idle-seconds) and restarts its
+    idle timer. kvwatch asks only while the server has requests, had them at the scrape before, or made progress."""
+    async with FakeLlamaCpp() as up:
+        up.serve_capture("context_too_small")
+        up.serve(*up.bodies[8:])  # after the load: nothing running, the counters still
+        m = await _monitor(up.url)
+        try:
+            await _scrape(m, 6)
+            state = m.targets[up.url]
+        finally:
+            await m.stop()
+    assert state.up and up.slots_requests == 0
+    (e,) = state.diagnosis.engines
+    assert e.bottleneck is Bottleneck.IDLE and not any("--slots" in line for line in e.evidence), e.evidence
 
 
 async def test_an_engine_without_an_extra_path_is_never_asked_for_one():
@@ -150,6 +169,7 @@ async def test_an_engine_without_an_extra_path_is_never_asked_for_one():
 async def test_the_slots_url_keeps_the_targets_prefix_and_query():
     async with FakeLlamaCpp() as up:
         up.serve_capture("context_too_small")
+        up.index = 3
         m = await _monitor(up.url + "?format=prometheus")
         try:
             await _scrape(m, 2)
@@ -168,6 +188,7 @@ async def test_a_target_path_not_ending_in_metrics_says_where_slots_cannot_be_fo
     caplog.set_level(logging.INFO, logger="kvwatch")
     async with _ElsewhereLlamaCpp() as up:
         up.serve_capture("context_too_small")
+        up.index = 3
         m = await _monitor(up.base_url + "/stats/prometheus")
         try:
             await _scrape(m, 3)
