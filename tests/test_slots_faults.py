@@ -59,7 +59,7 @@ def _warnings(caplog) -> list[str]:
 
 # (slots_mode, what the log line names)
 FAULTS = [
-    ("status", "(http_status: HTTP 501; start llama-server with --slots)"),
+    ("status", "(http_status: HTTP 501; start llama-server with --slots (recent builds serve it unless --no-slots))"),
     ("slow", "(timeout: "),
     ("garbage", "(unreadable: not llama.cpp's /slots)"),
     ("html", "(html: "),

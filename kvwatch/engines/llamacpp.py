@@ -13,7 +13,8 @@ server's ``/metrics`` handler and from a real server under load, tests/fixtures/
   full KV cache in ``/metrics`` (requests fail with HTTP 500 "context size has been exceeded"): where no KV gauge is
   exported, the KV cache is not judged, and the diagnosis says so.
 
-``/slots`` (``llama-server --slots``; 501 ``not_supported_error`` without it) shows each slot's context, which
+``/slots`` (recent builds serve it unless ``--no-slots``; older ones, as the captures', with ``--slots``; 501
+``not_supported_error`` when off) shows each slot's context, which
 ``/metrics`` does not: kvwatch reads it right after ``/metrics`` (``ENGINE.extra``). What its fields mean, from
 ggml-org/llama.cpp tools/server/server-context.cpp at 001d906a6d86e2490e394361e7cc6f478b100088 (``server_slot::
 to_json``, ``process_token``, ``decode``) and src/llama-context.cpp (``n_ctx_seq``) of the same commit, and from the
@@ -199,6 +200,12 @@ ENGINE = Engine(
     "older builds 500); with /slots, a pool the slots share (--kv-unified, the default without --parallel) filling "
     "before any one slot's context; and the slot count while no request is deferred",
     extra=ExtraSource(
-        "/slots", ".slots.json", parse_slots, fill_slots, record_slots, enable="start llama-server with --slots"
+        "/slots",
+        ".slots.json",
+        parse_slots,
+        fill_slots,
+        record_slots,
+        # common.h's endpoint_slots: on in recent builds (--no-slots turns it off); the captures' build needed --slots
+        enable="start llama-server with --slots (recent builds serve it unless --no-slots)",
     ),
 )
