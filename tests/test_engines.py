@@ -325,6 +325,19 @@ def test_llamacpp_slots_reader_never_raises_and_reads_only_ints_in_range(doc):
         assert llamacpp.parse_slots(llamacpp.record_slots(parsed)) == parsed
 
 
+@pytest.mark.parametrize(
+    ("target", "slots"),
+    [
+        ("http://127.0.0.1:8080/metrics", "http://127.0.0.1:8080/slots"),
+        ("https://user:pw@proxy.example/llama/metrics/?tenant=a", "https://user:pw@proxy.example/llama/slots?tenant=a"),
+        ("http://127.0.0.1:8080/stats/prometheus", None),  # where /slots is cannot be known: not asked
+    ],
+)
+def test_the_slots_url_is_the_targets_with_metrics_replaced(target, slots):
+    assert llamacpp.ENGINE.extra_url(target) == slots
+    assert VLLM.extra_url(target) is None  # an engine without a second path is never asked for one
+
+
 def test_a_request_reaching_its_slots_context_is_counted_once_and_an_idle_slots_old_one_never():
     busy = SlotContext(0, 256, 200, True, 7, False)
     cut = SlotContext(0, 256, 255, False, 7, True)  # the same request, ended at the end of its context
