@@ -27,6 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvwatch.app import Monitor
 from kvwatch.config import load_settings
 from kvwatch.export import KvwatchCollector
+from kvwatch.scrape import FetchConfig, ScrapeError
 
 TARGET = "http://127.0.0.1:1/metrics"
 # What a Prometheus 3 server sends (scrape_protocols default): it gets OpenMetrics 1.0.0.
@@ -48,9 +49,15 @@ class _Clock:
 class _StubFetcher:
     def __init__(self):
         self.body = ""
+        self.cfg = FetchConfig(timeout=0.8, max_body_bytes=16 << 20)  # the defaults at --interval 1
 
     async def fetch(self, url: str) -> str:
         return self.body
+
+    async def fetch_extra(self, url: str, timeout: float) -> bytes:
+        # An engine's second path (llama.cpp's /slots) is not what the parse baseline measures: answered as by a
+        # server that does not serve it, so the cycle is the metrics' alone (the log says so once).
+        raise ScrapeError("http_status", "HTTP 501 (bench: not served)")
 
     async def aclose(self) -> None:
         pass

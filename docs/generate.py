@@ -65,13 +65,14 @@ def actions_table() -> str:
 def engines_table() -> str:
     """What each engine's metrics can show: the limits kvwatch may name for it, and what it cannot tell."""
     rows = [
-        "| engine | `--engine` | metrics path | limits kvwatch can name | cannot tell |",
+        "| engine | `--engine` | metrics path (and the one read after it) | limits kvwatch can name | cannot tell |",
         "|---|---|---|---|---|",
     ]
     named = [b for b in Bottleneck if b not in (Bottleneck.IDLE, Bottleneck.NONE, Bottleneck.UNREACHABLE)]
     for e in ENGINES:
         shows = ", ".join(f"`{b}`" for b in named if b in e.shows)
-        rows.append(f"| {e.title} | `{e.name}` | `{e.metrics_path}` | {shows} | {e.cannot_tell or '-'} |")
+        paths = f"`{e.metrics_path}`" + (f" (`{e.extra.path}`: {e.extra.enable})" if e.extra else "")
+        rows.append(f"| {e.title} | `{e.name}` | {paths} | {shows} | {e.cannot_tell or '-'} |")
     return "\n".join(rows)
 
 

@@ -135,8 +135,9 @@ class Monitor:
                     families = parse(body, state.keep_family)
             except ParseError as e:
                 raise ScrapeError("parse", str(e)) from None
+            extra = await self._read_extra(state, families, started)
             try:
-                state.observe(t, families, body)
+                state.observe(t, families, body, extra)
             except NoEngineMetrics as e:
                 raise ScrapeError("no_vllm_metrics", str(e)) from None
         except ScrapeError as e:
@@ -153,6 +154,44 @@ class Monitor:
         state.diagnosis = state.diagnose(self.clock())
         state.history.record(state.diagnosis)
         self.scrapes += 1
+
+    async def _read_extra(self, state: Target, families, started: float) -> object | None:
+        """The engine's extra path (llama.cpp's /slots), read after its metrics within what is left of the scrape's
+        deadline while the engine serves (Target.serving), as its adapter parses it; None when it has none, the engine
+        is idle, or it failed, was slow or unreadable: then the snapshot lacks what it adds, and the log says why once
+        per change (the scrape itself has succeeded)."""
+        engine = state.engine_for(families)
+        if engine is None or engine.extra is None or not state.serving(engine, families):
+            return None
+        url, path = engine.extra_url(state.url), engine.extra.path
+        assert self.fetcher is not None
+        if url is None:
+            why = f"path: the target's path does not end in {engine.metrics_path}, so where {path} is is not known"
+        else:
+            try:
+                data = await self.fetcher.fetch_extra(url, self.fetcher.cfg.timeout - (time.perf_counter() - started))
+            except ScrapeError as e:
+                hint = f"; {engine.extra.enable}" if e.reason == "http_status" and engine.extra.enable else ""
+                why = f"{e.reason}: {e.detail}{hint}"
+            else:
+                parse = engine.extra.parse
+                parsed = await asyncio.to_thread(parse, data) if len(data) > OFF_LOOP_BYTES else parse(data)
+                if parsed is not None:
+                    if state.extra_error is not None:
+                        log.info("reading %s of %s again", path, state.target, extra={"target": state.target})
+                    state.extra_error = None
+                    return parsed
+                why = f"unreadable: not {engine.title}'s {path}"
+        if state.extra_error is None or why.split(":")[0] != state.extra_error.split(":")[0]:
+            log.warning(
+                "not reading %s of %s (%s): what it shows is not judged",
+                path,
+                state.target,
+                why,
+                extra={"target": state.target},
+            )
+        state.extra_error = why
+        return None
 
     def diagnosis_json(self) -> dict:
         docs = []

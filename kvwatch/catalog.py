@@ -112,7 +112,8 @@ _BOTTLENECK_INFO: dict[Bottleneck, tuple[str, str, str]] = {
         "KV cache",
         "red",
         "requests wait because free KV blocks cannot hold the next prefill: high KV usage, the throughput gap, "
-        "preemptions, or less free KV than one running request holds",
+        "preemptions, or less free KV than one running request holds; or (llama.cpp's /slots) requests reach the end "
+        "of their slot's context and are cut short",
     ),
     Bottleneck.UNREACHABLE: ("unreachable", "purple", "no successful scrape for `--stale-after` seconds (default 5)"),
     Bottleneck.STALLED: ("stalled", "dark-red", "requests present, no token progress"),
@@ -362,6 +363,10 @@ class Thresholds:
     # Running's peak while requests waited at this share of a configured ceiling still names it: real
     # vLLM's 1-s Running samples read low (one request finishing, the next not yet counted).
     near_ceiling_share: float = 0.75
+    # Requests seen reaching the end of their slot's own context over the window (llama.cpp's /slots) before that
+    # context is named: llama.cpp cuts such a request short (truncated), so one is a request already failed, seen, not
+    # inferred.
+    context_full_requests: int = 1
     # Advice: raise max_num_seqs toward the KV's concurrency only if it is this much above the ceiling,
     # and suggest this share of it (headroom for longer sequences).
     raise_seqs_margin: float = 1.2

@@ -30,7 +30,7 @@ from kvwatch.logformat import TEXT_FORMAT, formatter
 from kvwatch.parse import ParseError
 from kvwatch.plan import DEFAULT_BLOCK_SIZE, Deployment, PlanError, as_dict, model_from_config, plan
 from kvwatch.plan import render_text as render_plan
-from kvwatch.recording import check_writable, recording_files, write_snapshot
+from kvwatch.recording import check_writable, read_recorded, recording_files, write_extra, write_snapshot
 from kvwatch.redact import SecretFilter, redact_url
 from kvwatch.scrape import ScrapeError
 from kvwatch.state import NoEngineMetrics, Target, TargetDiagnosis
@@ -302,7 +302,7 @@ def _replay(args, settings: Settings) -> int:
     final = None
     for t, f in files:
         try:
-            state.observe_body(t, f.read_text(encoding="utf-8", errors="replace"))
+            state.observe_body(t, *read_recorded(f))
         except (ParseError, NoEngineMetrics) as e:
             err = ScrapeError("parse" if isinstance(e, ParseError) else "no_vllm_metrics", str(e))
             state.observe_failure(t, f"{f.name}: {err}", err.reason)
@@ -356,6 +356,7 @@ async def _record(args, settings: Settings) -> int:
         user_agent=f"kvwatch/{__version__}",
     )
     label = redact_url(settings.target[0])
+    state = Target.from_settings(settings.target[0], settings)  # only to know the engine and its extra path's URL
     saved = failed = 0
     loop = asyncio.get_running_loop()
     start = loop.time()
@@ -363,6 +364,7 @@ async def _record(args, settings: Settings) -> int:
     try:
         while loop.time() - start < args.duration:
             t = time.time()
+            started = loop.time()
             try:
                 body = await fetcher.fetch(settings.target[0])
             except ScrapeError as e:
@@ -370,6 +372,8 @@ async def _record(args, settings: Settings) -> int:
                 logging.getLogger("kvwatch").warning("scrape failed: %s", e, extra={"target": label})
             else:
                 try:
+                    left = settings.scrape_timeout - (loop.time() - started)
+                    await _record_extra(fetcher, state, args.out, t, body, left)
                     write_snapshot(args.out, t, body)
                 except OSError as e:  # a full disk, a file system gone read-only: stop, nothing partial is left
                     print(
@@ -385,6 +389,34 @@ async def _record(args, settings: Settings) -> int:
         await fetcher.aclose()
     print(f"recorded {saved} snapshots to {args.out} ({failed} failed scrapes)")
     return 0 if saved else 1
+
+
+async def _record_extra(fetcher, state: Target, out: Path, t: float, body: str, left: float) -> None:
+    """Beside the scrape at ``t``, what kvwatch reads of the engine's extra path (llama.cpp's /slots), fetched as the
+    scrape loop does (while the engine serves, within what is left of the deadline), in the form its adapter keeps for
+    recordings; nothing when the engine has none, is idle, or it failed or was unreadable (the replay then judges
+    without it, as the loop would have). ``state`` follows the scrapes, to tell when the engine serves. Raises OSError
+    (the write)."""
+    from kvwatch.parse import parse
+
+    try:
+        families = parse(body, state.keep_family)
+    except ParseError:
+        return
+    engine = state.engine_for(families)
+    parsed = None
+    if engine is not None and engine.extra is not None and state.serving(engine, families):
+        url = engine.extra_url(state.url)
+        try:
+            parsed = engine.extra.parse(await fetcher.fetch_extra(url, left)) if url else None
+        except ScrapeError:
+            parsed = None
+    try:
+        state.observe(t, families, body, parsed)
+    except NoEngineMetrics:
+        return
+    if parsed is not None and engine is not None and engine.extra is not None:
+        write_extra(out, t, engine.extra.suffix, engine.extra.record(parsed))
 
 
 def _plan(args) -> int:

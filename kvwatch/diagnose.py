@@ -6,6 +6,9 @@ How vLLM's V1 scheduler admits a waiting request, and so what each bottleneck lo
   next block, the newest one is preempted. Evidence: requests wait while KV usage is high, or
   preemptions happen (V1 preempts only for KV), or free KV cannot hold a typical prompt, or (capacity in
   tokens unknown) the free share is less than what one running request holds.
+  An engine whose slots each own a slice of the KV cache (llama.cpp without ``--kv-unified``) never queues for KV:
+  a request that reaches the end of its slot's context is cut short instead. Evidence (its ``/slots``): a request
+  seen reaching the end of its slot's context, named before ``no_queue`` since nothing needs to wait.
 - ``max_num_seqs``: ``running < max_num_seqs`` must hold. Evidence: requests wait while Running is
   pinned at the ceiling (configured, or inferred from a plateau: flat at its maximum while slots turn
   over) and KV has room.
@@ -289,9 +292,20 @@ SENTENCES: dict[str, str] = {
         "CPU KV offload: up to {max!p} of the CPU tier pinned by in-flight transfers over the window ({now!p} now); "
         "{meaning}"
     ),
+    "context_full": (
+        "{requests!n} request{plural} reached the end of {whose} slot's {n_ctx!n}-token context over the window "
+        "(per-slot context, the engine's /slots): generation cut short (truncated), and a prompt that long is refused "
+        "outright (unseen)"
+    ),
+    "context_used": "the fullest running request held {ratio!p} of its slot's context over the window",
+    "slot_context": (
+        "KV cache judged per slot only: the fullest running request held {ratio!p} of its slot's {n_ctx!n}-token "
+        "context over the window (the engine's /slots), and none reached its end; a KV pool the slots share "
+        "(llama.cpp's --kv-unified, its default without --parallel) can fill first, unseen"
+    ),
     "kv_not_exported": (
         "KV cache not judged: no KV usage in {engine}'s metrics (llama.cpp's current builds export none); a full KV "
-        "cache then shows only as failed or cut-short requests, which kvwatch does not see"
+        "cache then shows only as failed or cut-short requests, which kvwatch does not see{extra_text}"
     ),
     "confidence": "confidence {level}: {reason}",
 }
@@ -401,11 +415,37 @@ def wedged_admission(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None
     return Verdict(Bottleneck.STALLED, [("wedged_deferred", numbers), _kv_room(s)], recs, reason=reason)
 
 
+def _idle(s: Signals) -> bool:
+    return _running(s) <= 0 and not s.queue.running_recent_max and not s.throughput.generation_tokens_per_second
+
+
+def slot_context_full(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
+    """Requests reached the end of their slot's own context (llama.cpp's /slots: n_tokens + 1 >= n_ctx, where it
+    stops a request, truncated): the KV slice each slot owns binds the request's length. Nothing waits for it (a slot
+    is taken whatever its context), so this comes before no_queue; not on an idle server, whose slots keep their last
+    request's figures."""
+    k = s.kv
+    if k.context_full_requests is None or k.context_full_requests < th.context_full_requests or _idle(s):
+        return None
+    n = k.context_full_requests
+    facts: list[Fact] = [
+        (
+            "context_full",
+            {"requests": n, "plural": "" if n == 1 else "s", "whose": "its" if n == 1 else "their"}
+            | {"n_ctx": k.slot_context_tokens},
+        )
+    ]
+    if k.context_used_max_ratio is not None:
+        facts.append(("context_used", {"ratio": k.context_used_max_ratio}))
+    reason = "requests were seen reaching the end of their slot's context (cut short)"
+    return Verdict(Bottleneck.KV_CACHE, facts, context_recommendations(s), reason=reason)
+
+
 def no_queue(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
     """Nothing waits: ``idle`` if nothing ran in the window either, else ``none``."""
     if _waiting(s) > 0:
         return None
-    if _running(s) <= 0 and not s.queue.running_recent_max and not s.throughput.generation_tokens_per_second:
+    if _idle(s):
         return Verdict(Bottleneck.IDLE, [("nothing_present", {})], reason="nothing running or waiting")
     usage = s.kv.usage_ratio
     kv_text = f", KV cache {usage * 100:.0f}% used" if usage is not None else ""
@@ -932,6 +972,7 @@ RULES: tuple[Rule, ...] = (
     asleep,
     stalled,
     wedged_admission,
+    slot_context_full,
     no_queue,
     max_loras,
     kv_transfer,
@@ -960,7 +1001,12 @@ def diagnose_engine(
     engine-neutral: they read the snapshot contract), its advice in the engine's own flags."""
     hints = _with_engine_limits(hints, s)
     verdict = next(v for v in (rule(s, hints, th) for rule in RULES) if v is not None and v.bottleneck in engine.shows)
-    facts = [*verdict.facts, *_rejection_facts(s, verdict.bottleneck), *_offload_facts(s), *_unseen_kv(s, engine)]
+    facts = [
+        *verdict.facts,
+        *_rejection_facts(s, verdict.bottleneck),
+        *_offload_facts(s),
+        *_unseen_kv(s, engine, verdict.bottleneck),
+    ]
     facts.append(("confidence", {"level": verdict.confidence, "reason": verdict.reason}))
     recs = [_in_engine_words(r, engine) for r in verdict.recommendations]
     d = Diagnosis(s.model_name, s.engine, verdict.bottleneck, s, evidence(facts), recs)
@@ -976,12 +1022,20 @@ def diagnose_engine(
     return d
 
 
-def _unseen_kv(s: Signals, engine: Engine) -> list[Fact]:
+def _unseen_kv(s: Signals, engine: Engine, verdict: Bottleneck) -> list[Fact]:
     """An engine serving without a KV gauge (llama.cpp's current builds): say the KV cache was not judged, so that no
-    verdict reads as "the KV cache is fine"."""
+    verdict reads as "the KV cache is fine"; or, where its slots were read (llama.cpp's /slots), that it was judged per
+    slot only."""
     if s.kv.usage_ratio is not None or s.kv.mean is not None or s.queue.running is None:
         return []
-    return [("kv_not_exported", {"engine": engine.title})]
+    if verdict in (Bottleneck.KV_CACHE, Bottleneck.IDLE):  # judged, its facts say so; or nothing to judge
+        return []
+    k = s.kv
+    if k.context_used_max_ratio is not None:
+        return [("slot_context", {"ratio": k.context_used_max_ratio, "n_ctx": k.slot_context_tokens})]
+    extra = engine.extra
+    extra_text = f" ({extra.enable}: kvwatch then reads each slot's context from {extra.path})" if extra else ""
+    return [("kv_not_exported", {"engine": engine.title, "extra_text": extra_text})]
 
 
 def _with_engine_limits(hints: Hints, s: Signals) -> Hints:
@@ -1231,6 +1285,30 @@ def lora_recommendations(s: Signals) -> list[Recommendation]:
     return [
         Recommendation(Action.RAISE_MAX_LORAS, why),
         Recommendation(Action.ADD_REPLICA, "or route each adapter's traffic to engines that keep it loaded"),
+    ]
+
+
+def context_recommendations(s: Signals) -> list[Recommendation]:
+    """A slot's context too small for its requests: more context per slot (a larger KV cache, fewer slots sharing
+    it, or cheaper tokens), cheapest first; or shorter requests."""
+    n_ctx = s.kv.slot_context_tokens
+    each = f" ({_n(n_ctx)} tokens here)" if n_ctx else ""
+    return [
+        Recommendation(
+            Action.FP8_KV_CACHE,
+            "{flag} halves the bytes per cached token: the same memory then holds a context twice as long (raise "
+            "--ctx-size with it; small accuracy cost, check evals)",
+        ),
+        Recommendation(
+            Action.RAISE_KV_CACHE_MEMORY_BYTES,
+            f"each slot's context is {{flag}} / --parallel{each}, or all of it with --kv-unified: raise {{flag}} if "
+            "the device has memory left, or bound clients' max_tokens (n_predict) to what fits",
+        ),
+        Recommendation(
+            Action.LOWER_MAX_NUM_SEQS,
+            "fewer slots ({flag}) give each a larger share of --ctx-size (not with --kv-unified, where each may "
+            "already use all of it); requests beyond the slots then wait",
+        ),
     ]
 
 

@@ -1,7 +1,9 @@
-"""Recordings: a directory of ``<unix_time>.prom`` files, one scraped ``/metrics`` body each.
+"""Recordings: a directory of ``<unix_time>.prom`` files, one scraped ``/metrics`` body each, and beside each, for an
+engine with an extra path, ``<unix_time><suffix>`` (llama.cpp's ``<unix_time>.slots.json``: what kvwatch reads of its
+``/slots`` at that scrape).
 
-``kvwatch record`` writes them (``write_snapshot``: whole or not at all); ``kvwatch diagnose --replay``
-reads them back through ``recording_files``.
+``kvwatch record`` writes them (``write_snapshot``, ``write_extra``: whole or not at all); ``kvwatch diagnose --replay``
+reads them back through ``recording_files`` and ``extra_file``.
 """
 
 from __future__ import annotations
@@ -11,7 +13,15 @@ import os
 import tempfile
 from pathlib import Path
 
-__all__ = ["SUFFIX", "check_writable", "recording_files", "write_snapshot"]
+__all__ = [
+    "SUFFIX",
+    "check_writable",
+    "extra_file",
+    "read_recorded",
+    "recording_files",
+    "write_extra",
+    "write_snapshot",
+]
 
 SUFFIX = ".prom"
 _TMP_PREFIX, _TMP_SUFFIX = ".kvwatch-", ".tmp"  # never "*.prom": a leftover is no snapshot to a replay
@@ -58,6 +68,33 @@ def write_snapshot(directory: Path, t: float, body: str) -> Path:
     """Save one scraped body as ``directory/<t>.prom``, atomically. Raises OSError (ENOSPC, EROFS, ...)."""
     final = directory / f"{t:.3f}{SUFFIX}"
     _write_atomically(final, body.encode("utf-8"))
+    return final
+
+
+def extra_file(prom: Path, suffix: str) -> Path:
+    """The extra path's file recorded with ``<unix_time>.prom`` (it may not exist: not read at that scrape)."""
+    return prom.with_name(prom.name[: -len(SUFFIX)] + suffix)
+
+
+def read_recorded(prom: Path) -> tuple[str, bytes | None]:
+    """One recorded scrape: the ``/metrics`` body (undecodable bytes replaced) and, if one was recorded with it, the
+    extra path's body of any engine that has one (the replay reads it as the engine the body is read as). Raises
+    OSError."""
+    from kvwatch.engines import ENGINES  # here: kvwatch.engines needs nothing of this module, keep it that way
+
+    body = prom.read_text(encoding="utf-8", errors="replace")
+    for suffix in dict.fromkeys(e.extra.suffix for e in ENGINES if e.extra):
+        f = extra_file(prom, suffix)
+        if f.is_file():
+            return body, f.read_bytes()
+    return body, None
+
+
+def write_extra(directory: Path, t: float, suffix: str, data: bytes) -> Path:
+    """Save an engine's extra path's body of the scrape at ``t`` as ``directory/<t><suffix>``, atomically: written
+    before its ``<t>.prom``, so that a snapshot is never replayed without what was read with it."""
+    final = directory / f"{t:.3f}{suffix}"
+    _write_atomically(final, data)
     return final
 
 

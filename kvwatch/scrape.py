@@ -1,9 +1,10 @@
-"""Fetch one ``/metrics`` body from vLLM, defensively.
+"""Fetch one ``/metrics`` body from vLLM (or another engine), defensively; and an engine's extra path after it.
 
 A sidecar must survive whatever the upstream does: the whole fetch (connect to last byte) runs under
 one deadline shorter than the scrape interval, the body is capped *after* decompression (a gzip bomb
 stops at the cap, not in memory), and every failure becomes a ``ScrapeError`` with a short ``reason``
-that ends up in ``kvwatch_scrape_errors_total{reason}``. The bearer token is read from its file on
+that ends up in ``kvwatch_scrape_errors_total{reason}`` (an engine's extra path, llama.cpp's ``/slots``, is fetched
+the same way within what is left of that deadline, its failures never a failed scrape). The bearer token is read from its file on
 every scrape (so rotation works) and never logged.
 
 The client is ``httpx.AsyncClient``, one per target: a target is one origin, so a pool of its own
@@ -121,22 +122,48 @@ class Fetcher:
         return {"Authorization": f"Bearer {token}"}
 
     async def fetch(self, url: str) -> str:
+        """The metrics body at ``url``, decoded and sniffed. Raises ScrapeError."""
+        data, content_type = await self._get(url, self.cfg.timeout)
+        openmetrics = content_type.lower().startswith(OPENMETRICS)
+        try:
+            body = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ScrapeError("decode", f"not UTF-8 (byte {e.start})") from None
+        if openmetrics and not body.rstrip("\n").endswith("# EOF"):
+            # OpenMetrics ends with "# EOF": without it the body was cut (a text body cut at a line end looks whole).
+            raise ScrapeError("parse", "OpenMetrics body without '# EOF' (truncated?)")
+        if body[:200].lstrip().lower().startswith(_HTML_START):
+            raise ScrapeError("html", "the body starts with an HTML tag (a login or proxy page?)")
+        return body
+
+    async def fetch_extra(self, url: str, timeout: float) -> bytes:
+        """An engine's extra path (llama.cpp's ``/slots``, kvwatch.engines.ExtraSource) right after its metrics, under
+        ``timeout`` (what is left of the scrape's deadline) and the same body cap: the raw bytes, for the engine's
+        adapter to read. Raises ScrapeError as ``fetch`` does (a 501 of a server started without it is
+        ``http_status``); its own client, so a failing extra path never touches the metrics' connections."""
+        if timeout <= 0:
+            raise ScrapeError("timeout", "no time left in the scrape's deadline")
+        data, _ = await self._get(url, timeout)
+        return data
+
+    async def _get(self, url: str, timeout: float) -> tuple[bytes, str]:
+        """(body, Content-Type) of a GET of ``url``: the whole fetch (connect to last byte) within ``timeout``."""
         headers = self._headers()
         try:
-            async with asyncio.timeout(self.cfg.timeout):
+            async with asyncio.timeout(timeout):
                 return await self._fetch(url, headers)
         except TimeoutError:
             # httpcore can leave a cancelled request's connection slot taken (NEW/ACTIVE forever): a
             # few such timeouts would block this target's pool for good. Start it afresh.
             self._discard(url)
-            raise ScrapeError("timeout", f"no complete response within {self.cfg.timeout:g}s") from None
+            raise ScrapeError("timeout", f"no complete response within {timeout:.3g}s") from None
         except httpx.HTTPError as e:
             self._discard(url)  # a transport failure: nothing in this pool is worth keeping
             if isinstance(e, httpx.RemoteProtocolError) and str(e).startswith(_BAD_LOCATION):
                 raise ScrapeError("redirect", "a redirect whose Location is not a valid URL (not followed)") from None
             raise ScrapeError("connect", _error_text(e, headers)) from None
 
-    async def _fetch(self, url: str, headers: dict[str, str]) -> str:
+    async def _fetch(self, url: str, headers: dict[str, str]) -> tuple[bytes, str]:
         cap = self.cfg.max_body_bytes
         async with self._client(url).stream("GET", url, headers=headers) as resp:
             _check_status(resp)
@@ -172,17 +199,7 @@ class Fetcher:
                     raise ScrapeError("too_large", f"body exceeds the {cap}-byte cap")
             if inflater is not None and not inflater.eof:
                 raise ScrapeError("decode", "gzip stream ended early (truncated body)")
-            openmetrics = resp.headers.get("content-type", "").lower().startswith(OPENMETRICS)
-        try:
-            body = b"".join(parts).decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise ScrapeError("decode", f"not UTF-8 (byte {e.start})") from None
-        if openmetrics and not body.rstrip("\n").endswith("# EOF"):
-            # OpenMetrics ends with "# EOF": without it the body was cut (a text body cut at a line end looks whole).
-            raise ScrapeError("parse", "OpenMetrics body without '# EOF' (truncated?)")
-        if body[:200].lstrip().lower().startswith(_HTML_START):
-            raise ScrapeError("html", "the body starts with an HTML tag (a login or proxy page?)")
-        return body
+            return b"".join(parts), resp.headers.get("content-type", "")
 
 
 def _token_error(detail: str) -> ScrapeError:

@@ -9,6 +9,10 @@ JSON keep their names.
 
 A snapshot is sparse: an engine fills what it exports (llama.cpp has no KV gauge in current builds, SGLang no
 per-step histogram), and every rule reads a missing key as unknown, never as zero.
+
+An engine may also serve a second path beside ``/metrics`` (llama.cpp's ``/slots``, kvwatch.engines.ExtraSource): its
+adapter turns that body into the same snapshot, here ``slots`` (each sequence slot's own context) and
+``Gauge.CONTEXT_USED_MAX_RATIO``; without it (not served, failed) they are simply absent.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ __all__ = [
     "OVERFLOW",
     "REJECTIONS",
     "SLEEP_LEVEL_UNKNOWN",
+    "SlotContext",
     "kv_fetch_gauge",
     "rejection_counter",
     "short_label",
@@ -51,6 +56,9 @@ class Gauge(StrEnum):
     KV_FETCH_IN_PROGRESS = "kv_fetch_in_progress"
     KV_FETCH_COMPLETED_WAITING = "kv_fetch_completed_waiting"
     KV_OFFLOAD_PINNED_RATIO = "kv_offload_pinned_ratio"  # 0-1: the CPU KV tier's share pinned by transfers
+    # 0-1: the fullest running request's tokens (prompt + generated so far) over the context its slot may hold
+    # (llama.cpp's /slots: n_prompt_tokens / n_ctx of the slots processing; 0 with none processing)
+    CONTEXT_USED_MAX_RATIO = "context_used_max_ratio"
 
 
 class Counter(StrEnum):
@@ -154,6 +162,19 @@ class CacheConfig:
         return None
 
 
+@dataclass(frozen=True, slots=True)
+class SlotContext:
+    """One sequence slot with a context of its own (llama.cpp's ``/slots``, one object a slot): what its request holds
+    of it. A slot keeps its last request's figures once it is idle (its KV stays cached for the next prompt)."""
+
+    slot: int  # the slot's id
+    n_ctx: int  # tokens: the context the slot's request may fill (llama.cpp: --ctx-size / --parallel, or all of it)
+    tokens: int  # tokens its request holds: prompt + generated so far (0: never used, or cleared)
+    busy: bool  # a request is processing in it now
+    task: int | None  # the request's id, current or last (None: the slot never ran one)
+    full: bool  # its request reached the end of the context (the engine's own stop rule: the request is cut short)
+
+
 @dataclass(slots=True)
 class EngineSnapshot:
     """One engine instance at one scrape, keyed by (model_name, engine): vLLM's ``engine``, SGLang's ``dp_rank``."""
@@ -177,4 +198,6 @@ class EngineSnapshot:
     # realtime_tokens_total, llama.cpp's generated tokens): rates hold over long windows, not step by step, so
     # prefill pace and the throughput gap cannot be read from them.
     tokens_at_request_end: bool = False
+    # Each sequence slot's context (an engine's extra path: llama.cpp's /slots), in slot order; None: not read
+    slots: tuple[SlotContext, ...] | None = None
     folded: int = 0  # the overflow snapshot: how many (model_name, engine) pairs beyond max_engines it holds

@@ -19,6 +19,7 @@ from kvwatch.history import TargetHistory
 from kvwatch.parse import parse
 from kvwatch.redact import redact_url
 from kvwatch.scrape import REASONS
+from kvwatch.snapshot import Counter, EngineSnapshot, Gauge
 from kvwatch.window import EngineHistory, summarize
 
 if TYPE_CHECKING:
@@ -94,6 +95,8 @@ class Target:
         self.errors = {r: 0 for r in REASONS}
         self.scrape_duration_seconds: float | None = None
         self.folded_engines = 0  # pairs beyond max_engines in the last good scrape (kvwatch_folded_engines)
+        # Why the engine's extra path (llama.cpp's /slots) was not read at the last scrape; None: read, or none to read
+        self.extra_error: str | None = None
         self.diagnosis: TargetDiagnosis | None = None
         # What the status page charts: a few numbers per scrape, bounded (kvwatch.history).
         self.history = TargetHistory(history_seconds, history_samples, max_engines)
@@ -121,15 +124,40 @@ class Target:
         is named as such); one set lookup per family (kvwatch.engines.keep_any)."""
         return keep_any
 
-    def observe_body(self, t: float, body: str) -> None:
-        """Parse and record one scrape body. Raises ParseError / NoEngineMetrics (the scrape failed)."""
-        self.observe(t, parse(body, self.keep_family), body)
+    def observe_body(self, t: float, body: str, extra: bytes | None = None) -> None:
+        """Parse and record one scrape body (and its engine's extra path's body, if read). Raises ParseError /
+        NoEngineMetrics (the scrape failed)."""
+        families = parse(body, self.keep_family)
+        engine = self.engine_for(families)
+        parsed = engine.extra.parse(extra) if engine is not None and engine.extra and extra is not None else None
+        self.observe(t, families, body, parsed)
 
-    def observe(self, t: float, families, body: str = "") -> None:
+    def engine_for(self, families) -> Engine | None:
+        """The engine a scrape of these families is read as (None: none recognised), without changing anything."""
+        return self.engine_wanted or detect(families)
+
+    def serving(self, engine: Engine, families) -> bool:
+        """Whether the engine has requests in this scrape, had them in the previous one, or made progress between the
+        two (a request can start and end between scrapes): only then is its extra path read. Reading llama.cpp's /slots
+        is a task in its own loop, which wakes a server asleep (--sleep-idle-seconds) and restarts its idle timer, and
+        an idle server's slots only repeat their last requests' figures."""
+        for key, snap in engine.read(families, self.max_engines).items():
+            hist = self.engines.get(key)
+            prev = hist.latest if hist is not None else None
+            if _present(snap) or (prev is not None and _present(prev)):
+                return True
+            if prev is not None and any(snap.counters.get(k) != prev.counters.get(k) for k in _PROGRESS):
+                return True
+        return False
+
+    def observe(self, t: float, families, body: str = "", extra: object | None = None) -> None:
         """Record one parsed scrape. ``body``, the text it was parsed from, only names what it carried instead when
-        no engine's families are in it."""
+        no engine's families are in it. ``extra``: its engine's extra path as that engine's ``extra.parse`` read it
+        (None: not read, or unreadable; the snapshots then lack what it adds)."""
         engine = self._engine_of(families, body)
         snaps = engine.read(families, self.max_engines)
+        if extra is not None and engine.extra is not None and snaps:
+            engine.extra.fill(extra, snaps)
         if not snaps:
             seen = detect(families)
             if seen is not None and seen is not engine:  # --engine names another engine than the one serving
@@ -198,6 +226,13 @@ class Target:
             engine_type=engine_type,
             error_reason=self.last_reason,
         )
+
+
+_PROGRESS = (Counter.ENGINE_STEPS, Counter.GENERATION_TOKENS, Counter.PROMPT_TOKENS)
+
+
+def _present(snap: EngineSnapshot) -> bool:
+    return snap.gauges.get(Gauge.REQUESTS_RUNNING, 0.0) + snap.gauges.get(Gauge.REQUESTS_WAITING, 0.0) > 0
 
 
 def _seen(body: str, most: int = 5) -> str:

@@ -28,6 +28,7 @@ from kvwatch.snapshot import (
     Gauge,
     Hist,
     Histogram,
+    SlotContext,
     kv_fetch_gauge,
 )
 
@@ -59,6 +60,9 @@ class Point:
     counters: dict[str, float]  # reset-corrected cumulative
     hists: dict[str, Histogram]  # reset-corrected cumulative
     lora_slots_full: bool = False  # every LoRA slot held a running adapter (EngineSnapshot.lora_running >= max_lora)
+    # Requests seen reaching the end of their slot's context since the previous sample (None: the slots of this sample
+    # or the previous one unknown): from the snapshots' slots, the only thing a point keeps of them
+    context_filled: int | None = None
 
 
 def _corrected(prev_raw: float | None, prev_corr: float | None, raw: float) -> float:
@@ -124,10 +128,27 @@ class EngineHistory:
         if reset:
             self.resets += 1
         full = bool(snap.max_lora and (snap.lora_running or 0) >= snap.max_lora)
-        self.points.append(Point(t, dict(snap.gauges), counters, hists, full))
+        filled = contexts_filled(prev.slots if prev else None, snap.slots)
+        self.points.append(Point(t, dict(snap.gauges), counters, hists, full, filled))
         self.latest = snap
         while len(self.points) > 2 and t - self.points[0].t > self.keep_seconds:
             self.points.popleft()
+
+
+def contexts_filled(before: tuple[SlotContext, ...] | None, now: tuple[SlotContext, ...] | None) -> int | None:
+    """Requests that reached the end of their slot's context between two scrapes: a slot now full whose request was not
+    (another request, or the same one below the end) in the scrape before. An idle slot keeps its last request's
+    figures, so a slot full in both with the same request is that old request again, not counted twice. A request
+    that started and ended between the two in a slot that holds another since is not seen (a lower bound)."""
+    if before is None or now is None:
+        return None
+    prior = {s.slot: s for s in before}
+    n = 0
+    for s in now:
+        p = prior.get(s.slot)
+        if s.full and s.task is not None and (p is None or p.task != s.task or not p.full):
+            n += 1
+    return n
 
 
 def histogram_quantile(q: float, bounds: Sequence[float], counts: Sequence[float]) -> float | None:
@@ -162,6 +183,12 @@ class KvSignals:
     # stores and loads, the latest and the window's maximum; not how full the tier is (normalize's docstring)
     offload_pinned_ratio: float | None = None
     offload_pinned_max: float | None = None
+    # Each slot's own context (an engine's extra path: llama.cpp's /slots), None where not read: the most of its
+    # context a running request held over the window (0-1), the requests that reached the end of theirs since the
+    # window's first sample (cut short), and the slots' context in tokens (latest scrape)
+    context_used_max_ratio: float | None = None
+    context_full_requests: int | None = None
+    slot_context_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -382,6 +409,7 @@ def summarize(
     first, last = pts[0], pts[-1]
     s = Signals(history.model_name, history.engine, last.t, len(pts), last.t - first.t)
     s.kv = kv_signals(pts)
+    context_signals(s.kv, pts, history.latest)
     s.queue = queue_signals(pts)
     s.throughput = throughput_signals(pts, measured or Measured())
     if history.latest is not None and history.latest.tokens_at_request_end:
@@ -434,6 +462,18 @@ def kv_signals(pts: list[Point]) -> KvSignals:
     ):
         k.seconds_to_full = (1.0 - k.usage_ratio) / k.slope_per_second
     return k
+
+
+def context_signals(k: KvSignals, pts: list[Point], latest: EngineSnapshot | None) -> None:
+    """The slots' context over the window (KvSignals' context_* fields), where the engine showed its slots."""
+    used = [p.gauges[Gauge.CONTEXT_USED_MAX_RATIO] for p in pts if Gauge.CONTEXT_USED_MAX_RATIO in p.gauges]
+    if used:
+        k.context_used_max_ratio = max(used)
+    filled = [p.context_filled for p in pts[1:] if p.context_filled is not None]
+    if filled:
+        k.context_full_requests = sum(filled)
+    if latest is not None and latest.slots:
+        k.slot_context_tokens = max(s.n_ctx for s in latest.slots)
 
 
 def queue_signals(pts: list[Point]) -> QueueSignals:

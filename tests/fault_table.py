@@ -77,6 +77,15 @@ OTHER = [
         "tests/test_faults.py::test_timeouts_at_any_point_of_a_fetch_never_wedge_the_target",
     ),
     Fault(
+        "slots",
+        "llama.cpp's `/slots` (read after `/metrics`) answers 501 (no `--slots`), slowly, garbage, HTML, 20 MB, a gzip "
+        "bomb, or JSON of another shape",
+        "the scrape succeeds, both paths within one `--timeout`; that scrape lacks each slot's context (the KV cache "
+        "not judged per slot), and the log says why once",
+        None,
+        "tests/test_slots_faults.py::test_a_broken_slots_never_fails_the_scrape",
+    ),
+    Fault(
         "restart",
         "counters jump back (vLLM restarted)",
         "no negative rate; a reset counted",

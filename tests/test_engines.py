@@ -23,9 +23,10 @@ from kvwatch.engines import ENGINES, by_name, detect, keep_any, llamacpp, sglang
 from kvwatch.engines.vllm import ENGINE as VLLM
 from kvwatch.export import KvwatchCollector
 from kvwatch.parse import ParseError, parse
-from kvwatch.snapshot import Counter, Gauge, Hist
+from kvwatch.recording import read_recorded
+from kvwatch.snapshot import Counter, EngineSnapshot, Gauge, Hist, SlotContext
 from kvwatch.state import NoEngineMetrics, Target
-from kvwatch.window import summarize
+from kvwatch.window import contexts_filled, summarize
 from tests.helpers.recordings import FIXTURES, captures, recording
 
 ENGINE_FIXTURES = Path(__file__).resolve().parent / "fixtures" / "engines"
@@ -202,17 +203,21 @@ def test_triton_with_no_progress_signal_is_never_called_stalled():
 # --- llama.cpp: a real server's captures -------------------------------------------------------------------------------
 
 
-def replay(folder: Path, **kw) -> list:
+def replay(folder: Path, slots: bool = True, **kw) -> list:
+    """The capture as ``kvwatch diagnose --replay`` reads it: each /metrics body with the /slots body read after it
+    (``slots=False``: /metrics alone, a server without --slots)."""
     t = Target("llamacpp", **kw)
     out = []
     for ts, p in recording(folder):
-        t.observe_body(ts, p.read_text())
+        body, extra = read_recorded(p)
+        t.observe_body(ts, body, extra if slots else None)
         out.append(t.diagnose(ts))
     return out
 
 
-def test_llamacpp_slots_full_with_requests_deferred_names_the_slot_ceiling_read_not_inferred():
-    timeline = replay(LLAMACPP / "slot_ceiling")
+@pytest.mark.parametrize("slots", [True, False], ids=["slots", "metrics-only"])
+def test_llamacpp_slots_full_with_requests_deferred_names_the_slot_ceiling_read_not_inferred(slots):
+    timeline = replay(LLAMACPP / "slot_ceiling", slots)
     deferred = [d for d in timeline if d.engines and d.engines[0].signals.queue.waiting]
     assert len(deferred) >= 10 and {d.engine_type for d in timeline} == {"llamacpp"}
     for d in deferred:
@@ -220,20 +225,172 @@ def test_llamacpp_slots_full_with_requests_deferred_names_the_slot_ceiling_read_
         assert e.bottleneck is Bottleneck.MAX_NUM_SEQS and e.confidence == "high", e.evidence
         assert e.max_num_seqs == (2, "configured")  # --parallel 2, read from the busy slots while deferring
         assert {r.action: r.flag for r in e.recommendations}[Action.RAISE_MAX_NUM_SEQS] == "--parallel"
+    # its requests end at 447 of their slot's 512 tokens: the per-slot context never binds, and kvwatch says so
+    assert Bottleneck.KV_CACHE not in {d.bottleneck for d in timeline}
+    if slots:
+        serving = [d.engines[0] for d in timeline if d.bottleneck is Bottleneck.NONE]
+        assert serving and all(any(x.startswith("KV cache judged per slot only") for x in e.evidence) for e in serving)
 
 
-def test_llamacpp_light_load_names_no_limit():
-    for d in replay(LLAMACPP / "light"):
+@pytest.mark.parametrize("slots", [True, False], ids=["slots", "metrics-only"])
+def test_llamacpp_light_load_names_no_limit(slots):
+    for d in replay(LLAMACPP / "light", slots):
         assert d.bottleneck in (Bottleneck.IDLE, Bottleneck.NONE)
 
 
-def test_llamacpp_context_too_small_is_never_called_a_healthy_kv_cache():
-    """The real server refused 300-token prompts (HTTP 400) and cut generations short; /metrics shows no trace. kvwatch
-    cannot see it there, and must say it did not judge the KV cache rather than imply it is fine."""
-    serving = [d.engines[0] for d in replay(LLAMACPP / "context_too_small") if d.bottleneck is Bottleneck.NONE]
+def test_llamacpp_context_too_small_names_the_full_slot_context_from_slots():
+    """The real server cut generations short at a slot's 256 tokens (its /slots: 255 of n_ctx 256) and refused 300-token
+    prompts; /metrics shows no trace. With /slots read, every scrape while it serves names the per-slot context
+    (kv_cache, high), with llama.cpp's own flags; never healthy, never "not judged"."""
+    timeline = replay(LLAMACPP / "context_too_small")
+    serving = [d.engines[0] for d in timeline if d.bottleneck is not Bottleneck.IDLE]
+    assert len(serving) >= 6
+    for e in serving:
+        assert e.bottleneck is Bottleneck.KV_CACHE and e.confidence == "high", e.evidence
+        assert "of their slot's 256-token context" in e.evidence[0] or "of its slot's 256-token" in e.evidence[0]
+        assert not any(x.startswith("KV cache not judged") for x in e.evidence), e.evidence
+        recs = {r.action: r.flag for r in e.recommendations}
+        assert recs == {
+            Action.FP8_KV_CACHE: "--cache-type-k q8_0 --cache-type-v q8_0",
+            Action.RAISE_KV_CACHE_MEMORY_BYTES: "--ctx-size",
+            Action.LOWER_MAX_NUM_SEQS: "--parallel",
+        }
+        assert e.signals.kv.slot_context_tokens == 256 and e.signals.kv.context_full_requests >= 1
+    # nothing ran before the load: the slots' figures then say nothing of any request
+    assert timeline[0].bottleneck is Bottleneck.IDLE
+
+
+def test_llamacpp_context_too_small_without_slots_is_never_called_a_healthy_kv_cache():
+    """A server without --slots (or kvwatch unable to read it): /metrics shows no trace of the full contexts, so kvwatch
+    must say it did not judge the KV cache rather than imply it is fine, and how to let it judge."""
+    serving = [
+        d.engines[0] for d in replay(LLAMACPP / "context_too_small", slots=False) if d.bottleneck is Bottleneck.NONE
+    ]
     assert serving
     for e in serving:
-        assert any(line.startswith("KV cache not judged") for line in e.evidence), e.evidence
+        (line,) = [x for x in e.evidence if x.startswith("KV cache not judged")]
+        assert "start llama-server with --slots" in line
+
+
+# --- llama.cpp's /slots: the reader ----------------------------------------------------------------------------------
+
+
+def _slots_of(folder: str) -> list[bytes]:
+    return [extra for _, p in recording(LLAMACPP / folder) if (extra := read_recorded(p)[1]) is not None]
+
+
+def test_llamacpp_slots_of_a_real_server_are_read_as_each_slots_context():
+    bodies = _slots_of("context_too_small")
+    assert len(bodies) == len(recording(LLAMACPP / "context_too_small"))
+    never_used = llamacpp.parse_slots(bodies[0])
+    assert never_used == (SlotContext(0, 256, 0, False, None, False), SlotContext(1, 256, 0, False, None, False))
+    one_busy = llamacpp.parse_slots(bodies[3])  # slot 0 generating; slot 1 idle after a request cut short at 255
+    assert one_busy == (SlotContext(0, 256, 214, True, 145, False), SlotContext(1, 256, 255, False, 11, True))
+    light = llamacpp.parse_slots(_slots_of("light")[-1])  # 64 + 384 tokens, the last not cached: 447 of 512
+    assert {(s.tokens, s.full) for s in light} == {(447, False)}
+
+
+def test_llamacpp_slots_fill_the_snapshot_and_a_recording_keeps_only_what_is_read():
+    body = _slots_of("context_too_small")[5]  # both slots generating: 150 and 245 of 256
+    parsed = llamacpp.parse_slots(body)
+    snaps = read("llamacpp", (LLAMACPP / "context_too_small" / "1796401794.513.prom").read_text())
+    llamacpp.fill_slots(parsed, snaps)
+    (snap,) = snaps.values()
+    assert snap.slots == parsed and snap.gauges[Gauge.CONTEXT_USED_MAX_RATIO] == 245 / 256
+    kept = llamacpp.record_slots(parsed)
+    assert llamacpp.parse_slots(kept) == parsed
+    assert b"params" in body and b"params" not in kept and len(kept) < len(body) / 4
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"",
+        b"\x00\xff{[",
+        b"null",
+        b"{}",
+        b'{"slots": []}',
+        b'[{"id": 0, "n_ctx": 256}]',  # no is_processing
+        b'[{"id": "0", "n_ctx": 256, "is_processing": false}]',
+        b'[{"id": 0, "n_ctx": 256.0, "is_processing": false}]',
+        b'[{"id": 0, "n_ctx": 0, "is_processing": false}]',
+        b'[{"id": 0, "n_ctx": true, "is_processing": false}]',
+        b'[{"id": 0, "n_ctx": 256, "is_processing": 1}]',
+        b'[{"id": 0, "n_ctx": 256, "is_processing": true, "id_task": 3, "n_prompt_tokens": -1}]',
+        b'[{"id": 0, "n_ctx": 256, "is_processing": true, "id_task": 3, "n_prompt_tokens": NaN}]',
+        b'[{"id": 0, "n_ctx": 256, "is_processing": true, "id_task": "x", "n_prompt_tokens": 3}]',
+        b'[{"id": 0, "n_ctx": 4294967296, "is_processing": false}]',
+        b'[{"id": 0, "n_ctx": 256, "is_processing": false}, {"id": 0, "n_ctx": 256, "is_processing": false}]',
+        b'[{"id": 0, "n_ctx": 256, "is_processing": false}, 7]',
+        b"[" * 100_000 + b"]" * 100_000,
+        b'[{"id": 0, "n_ctx": 256, "is_processing": true, "id_task": 1, "n_prompt_tokens": ' + b"9" * 5000 + b"}]",
+        b"[" + b'{"id": 0, "n_ctx": 1, "is_processing": false},' * (llamacpp.MAX_SLOTS + 1) + b"0]",
+    ],
+    ids=lambda b: repr(b[:40]),
+)
+def test_llamacpp_slots_of_another_shape_are_not_read(body):
+    assert llamacpp.parse_slots(body) is None
+
+
+_JUNK = st.one_of(st.integers(), st.booleans(), st.none(), st.floats(), st.text(max_size=3), st.lists(st.none()))
+_SLOT_KEYS = ["id", "n_ctx", "is_processing", "id_task", "n_prompt_tokens"]
+
+
+@st.composite
+def _slots_docs(draw) -> object:
+    """/slots as llama.cpp serves it (ids in order, a slot used or not, tokens up to a little past its context), or
+    with one field of one slot spoilt (any JSON value, a field dropped as None), or not a list at all."""
+    if draw(st.integers(0, 9)) == 0:
+        return draw(_JUNK)
+    slots = []
+    for i in range(draw(st.integers(0, 5))):
+        n_ctx = draw(st.integers(1, 600))
+        slot: dict = {"id": i, "n_ctx": n_ctx, "is_processing": draw(st.booleans())}
+        if draw(st.booleans()):
+            slot |= {"id_task": draw(st.integers(-1, 10**6)), "n_prompt_tokens": draw(st.integers(0, n_ctx + 2))}
+        slots.append(slot)
+    if slots and draw(st.booleans()):
+        draw(st.sampled_from(slots))[draw(st.sampled_from(_SLOT_KEYS))] = draw(_JUNK)
+    return slots
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(_slots_docs())
+@example([{"id": 0, "n_ctx": 1, "is_processing": False, "id_task": None, "n_prompt_tokens": 1}])  # found by it
+def test_llamacpp_slots_reader_never_raises_and_reads_only_ints_in_range(doc):
+    body = json.dumps(doc).encode()
+    parsed = llamacpp.parse_slots(body)
+    if parsed is not None:
+        snaps = {("", "0"): EngineSnapshot("", "0")}
+        llamacpp.fill_slots(parsed, snaps)
+        assert 0.0 <= snaps["", "0"].gauges[Gauge.CONTEXT_USED_MAX_RATIO] <= 1.0
+        assert all(type(s.n_ctx) is int and s.n_ctx >= 1 and type(s.tokens) is int and s.tokens >= 0 for s in parsed)
+        assert llamacpp.parse_slots(llamacpp.record_slots(parsed)) == parsed
+
+
+@pytest.mark.parametrize(
+    ("target", "slots"),
+    [
+        ("http://127.0.0.1:8080/metrics", "http://127.0.0.1:8080/slots"),
+        ("https://user:pw@proxy.example/llama/metrics/?tenant=a", "https://user:pw@proxy.example/llama/slots?tenant=a"),
+        ("http://127.0.0.1:8080/stats/prometheus", None),  # where /slots is cannot be known: not asked
+    ],
+)
+def test_the_slots_url_is_the_targets_with_metrics_replaced(target, slots):
+    assert llamacpp.ENGINE.extra_url(target) == slots
+    assert VLLM.extra_url(target) is None  # an engine without a second path is never asked for one
+
+
+def test_a_request_reaching_its_slots_context_is_counted_once_and_an_idle_slots_old_one_never():
+    busy = SlotContext(0, 256, 200, True, 7, False)
+    cut = SlotContext(0, 256, 255, False, 7, True)  # the same request, ended at the end of its context
+    other = SlotContext(0, 256, 255, False, 9, True)  # another request, also cut short, between two scrapes
+    assert contexts_filled((busy,), (cut,)) == 1
+    assert contexts_filled((cut,), (cut,)) == 0  # an idle slot keeps its last request's figures: not again
+    assert contexts_filled((cut,), (other,)) == 1
+    assert contexts_filled(None, (cut,)) is None  # the scrape before unknown: when it ended cannot be told
+    assert contexts_filled((busy,), None) is None
+    assert contexts_filled((), (SlotContext(0, 256, 255, False, None, True),)) == 0  # no request in it
 
 
 # --- the target: wrong engine, no engine, a mix, a restart as another -------------------------------------------------

@@ -29,7 +29,8 @@ from tests.helpers.process import Process
 pytestmark = pytest.mark.slow
 
 PARALLEL = 2
-# Not a limit a correct kvwatch may name for a llama.cpp server in any scrape of these runs.
+# Not a limit a correct kvwatch may name for a llama.cpp server in any scrape of these runs (kv_cache: but for the run
+# whose slots' context is too small).
 NEVER = {
     Bottleneck.KV_CACHE,
     Bottleneck.TOKEN_BUDGET,
@@ -157,24 +158,65 @@ def test_one_request_at_a_time_names_no_limit(model: Path, tmp_path: Path) -> No
     assert {s["bottleneck"] for s in scrapes} <= {Bottleneck.IDLE, Bottleneck.NONE}, scrapes
 
 
-def test_a_context_too_small_is_never_called_a_healthy_kv_cache(model: Path, tmp_path: Path) -> None:
-    """The server cuts generations short at a slot's 256 tokens, and its /metrics shows no trace of it: kvwatch must
-    say it did not judge the KV cache, never imply it is fine."""
+def test_a_context_too_small_names_the_full_slot_context(model: Path, tmp_path: Path) -> None:
+    """The server cuts generations short at a slot's 256 tokens, and its /metrics shows no trace of it; its /slots
+    (the helper starts it with --slots; kvwatch reads it right after /metrics) does: once a request has been cut short,
+    every scrape under load names the per-slot context (kv_cache, high), with llama.cpp's own flags, never a healthy
+    server and never "not judged"."""
     with (
         llamacpp_server(model, tmp_path / "llama.log", parallel=PARALLEL, ctx_size=512) as server,
         Kvwatch(server.url + "/metrics", tmp_path / "kvwatch.log") as kv,
     ):
-        seen: list[dict] = []
+        start = len(kv.scrapes())
+        diagnoses: list[dict] = []
+
+        def named() -> list[dict]:
+            return [s for s in kv.scrapes()[start:] if s["bottleneck"] == Bottleneck.KV_CACHE]
 
         def enough() -> bool:
-            seen.extend(
-                e for e in kv.get("/api/v1/diagnosis").json()["engines"] if e["signals"].get("requests_running")
-            )
-            return len(seen) >= 3
+            diagnoses.extend(kv.get("/api/v1/diagnosis").json()["engines"])
+            return len(named()) >= 4
 
+        # 200-token prompts asking for 200 more: each is cut short at its slot's 256 tokens (HTTP 200, truncated)
         statuses = load_until(server, enough, concurrency=2, prompt=200, n_predict=200)
+        scrapes = kv.scrapes()[start:]
     assert statuses and set(statuses) == {200}  # each cut short at the slot's context, not refused
-    assert len(seen) >= 3, seen
-    for e in seen:
-        assert e["bottleneck"] not in NEVER
-        assert any(line.startswith("KV cache not judged") for line in e["evidence"]), e["evidence"]
+    kv_named = [i for i, s in enumerate(scrapes) if s["bottleneck"] == Bottleneck.KV_CACHE]
+    assert len(kv_named) >= 4, f"kvwatch named the per-slot context in too few scrapes in {DEADLINE:.0f} s: {scrapes}"
+    # once named, it stays named while the load goes on: never a healthy server in between
+    assert kv_named == list(range(kv_named[0], kv_named[-1] + 1)), scrapes
+    assert not (NEVER - {Bottleneck.KV_CACHE}) & {s["bottleneck"] for s in scrapes}, scrapes
+    e = next(d for d in reversed(diagnoses) if d["bottleneck"] == Bottleneck.KV_CACHE)
+    assert e["confidence"] == "high" and "slot's 256-token context" in e["evidence"][0], e["evidence"]
+    assert not any(line.startswith("KV cache not judged") for line in e["evidence"]), e["evidence"]
+    assert {r["flag"] for r in e["recommendations"]} == {
+        "--cache-type-k q8_0 --cache-type-v q8_0",
+        "--ctx-size",
+        "--parallel",
+    }
+
+
+def test_with_kv_unified_a_request_filling_the_whole_context_is_named_too(model: Path, tmp_path: Path) -> None:
+    """--kv-unified (llama-server's default without --parallel): every slot's n_ctx is the whole --ctx-size (512
+    here, not 256), one pool the slots share. A request that fills all of it is cut short as in a slot of its own, and
+    kvwatch names it the same way; one request at a time, so the pool itself never overflows (that, /slots cannot
+    show)."""
+    with (
+        llamacpp_server(model, tmp_path / "llama.log", parallel=PARALLEL, ctx_size=512, kv_unified=True) as server,
+        Kvwatch(server.url + "/metrics", tmp_path / "kvwatch.log") as kv,
+    ):
+        assert {s["n_ctx"] for s in server.slots()} == {512}
+        start = len(kv.scrapes())
+        diagnoses: list[dict] = []
+
+        def enough() -> bool:
+            diagnoses.extend(kv.get("/api/v1/diagnosis").json()["engines"])
+            return sum(s["bottleneck"] == Bottleneck.KV_CACHE for s in kv.scrapes()[start:]) >= 2
+
+        statuses = load_until(server, enough, concurrency=1, prompt=200, n_predict=400)
+        scrapes = kv.scrapes()[start:]
+    assert statuses and set(statuses) == {200}
+    assert sum(s["bottleneck"] == Bottleneck.KV_CACHE for s in scrapes) >= 2, scrapes
+    assert not (NEVER - {Bottleneck.KV_CACHE}) & {s["bottleneck"] for s in scrapes}, scrapes
+    e = next(d for d in reversed(diagnoses) if d["bottleneck"] == Bottleneck.KV_CACHE)
+    assert "slot's 512-token context" in e["evidence"][0], e["evidence"]

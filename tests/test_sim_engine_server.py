@@ -56,6 +56,8 @@ async def test_sim_serves_the_engines_metrics_at_its_path(engine, path):
                 assert sum(s["is_processing"] for s in listed) == min(
                     cfg.max_num_seqs, sum(e["running"] + e["waiting"] for e in sim.state()["engines"])
                 )
+                read = by_name("llamacpp").extra.parse(slots.content)  # as kvwatch's adapter reads llama.cpp's
+                assert read is not None and {x.n_ctx for x in read} == {cfg.max_model_len}
             else:
                 assert slots.status_code == 404
 

@@ -15,7 +15,7 @@ import functools
 
 import pytest
 
-from kvwatch.catalog import Bottleneck
+from kvwatch.catalog import Action, Bottleneck
 from kvwatch.diagnose import Hints
 from kvwatch.engines import by_name
 from kvwatch.sim.expositions import EXPOSITIONS
@@ -68,14 +68,17 @@ OVERRIDES: dict[str, dict[str, dict[str, tuple[str, float]]]] = {
     # Triton's TensorRT-LLM backend: the same blind spots, and no token counters at all.
     "triton-trtllm": _TRTLLM,
     # llama.cpp: no KV gauge, no step data, no LoRA queue, no P/D, no sleep state. Its slots are the simulated
-    # max_num_seqs and a request waits (deferred) only when every slot is busy (kvwatch.sim.exposition_llamacpp).
+    # max_num_seqs and a request waits (deferred) only when every slot is busy (kvwatch.sim.exposition_llamacpp). Its
+    # /slots shows each slot's context (max_model_len): no preset's request reaches it, so none names kv_cache for it
+    # (test_a_request_cut_short_at_its_slots_context_is_named_for_llamacpp does).
     "llamacpp": {
         "asleep": _ASLEEP,
         "gpu_asleep": _ASLEEP,
         # 16 slots, ~70 requests in the server from the first second: the slots really bind, and kvwatch reads
         # the slot count while requests are deferred.
         "kv_cache": {"kv_cache": ("max_num_seqs", 6.0)},
-        # ~60-175 requests in the server, 1024 slots: nothing deferred, the KV cache cannot be judged: none.
+        # ~60-175 requests in the server, 1024 slots: nothing deferred, and /slots shows no slot's context (the
+        # scenario's max_model_len, 32768) filled, the fullest ~40 % (a KV pool shared by slots is not judged): none.
         "gpu_kv_cache": {"kv_cache": ("none", 6.0)},
         "token_budget": {"token_budget": ("none", 6.0)},
         "gpu_token_budget": {"token_budget": ("none", 6.0)},
@@ -111,10 +114,14 @@ def observe(preset: str, offset: float) -> dict[tuple[str, bool], list[Poll]]:
     for k in range(1, int(seconds(preset)) + 1):
         sim.advance_to(k + offset)
         bodies = {e: EXPOSITIONS[e].render(sim) for e in ENGINES}
+        # and the engine's extra path, read right after its metrics as kvwatch run does (llama.cpp's /slots)
+        extras = {e: x.render_extra(sim) for e in ENGINES if (x := EXPOSITIONS[e]).render_extra}
         for (e, h), target in targets.items():
-            target.observe_body(sim.virtual_time, bodies[e])
+            target.observe_body(sim.virtual_time, bodies[e], extras.get(e))
             assert target.engine_kind is by_name(EXPOSITIONS[e].engine), (preset, e, target.engine_kind)
             (engine,) = target.diagnose(sim.virtual_time).engines
+            if e in extras:  # its slots were read (each slot's context), not only its metrics
+                assert engine.signals.kv.context_used_max_ratio is not None, (preset, e)
             q = engine.signals.queue
             polls[e, h].append(Poll(sim.now, sim.phase_name, sim.phase_start, engine.bottleneck, q.running, q.waiting))
     return polls
@@ -170,3 +177,28 @@ def test_a_limit_the_engine_cannot_show_is_never_named_as_another(engine, hinted
                     if p.phase == phase and (p.phase_start == 0 or p.sim_time - p.phase_start >= window)
                 }
                 assert named and named <= allowed, (preset, engine, phase, offset, named - allowed)
+
+
+def test_a_request_cut_short_at_its_slots_context_is_named_for_llamacpp():
+    """The healthy preset with max_model_len 512: its longest requests (up to ~800 tokens) end at max_model_len, as
+    llama.cpp cuts a request short at the end of its slot's context. Read as llama.cpp with its /slots, kvwatch names
+    the per-slot context (kv_cache) with llama.cpp's flags; from its /metrics alone it cannot (KV not judged)."""
+    scenario = load_scenario("healthy", overrides={"engine": {"max_model_len": 512}})
+    sim = Simulator(scenario, seed=11, wall_start=1.8e9)
+    with_slots, metrics_only = Target("sim://llamacpp"), Target("sim://llamacpp-metrics-only")
+    exposition = EXPOSITIONS["llamacpp"]
+    named, blind = [], []
+    for k in range(1, 25):
+        sim.advance_to(float(k))
+        body, slots = exposition.render(sim), exposition.render_extra(sim)
+        with_slots.observe_body(sim.virtual_time, body, slots)
+        metrics_only.observe_body(sim.virtual_time, body)
+        named.append(with_slots.diagnose(sim.virtual_time).engines[0])
+        blind.append(metrics_only.diagnose(sim.virtual_time).engines[0])
+    settled = named[5:]
+    assert all(e.bottleneck is Bottleneck.KV_CACHE for e in settled), [e.bottleneck for e in named]
+    recs = {r.action: r.flag for r in settled[-1].recommendations}
+    assert recs[Action.RAISE_KV_CACHE_MEMORY_BYTES] == "--ctx-size" and recs[Action.LOWER_MAX_NUM_SEQS] == "--parallel"
+    assert "512-token context" in settled[-1].evidence[0], settled[-1].evidence
+    assert all(e.bottleneck is not Bottleneck.KV_CACHE for e in blind)
+    assert any(line.startswith("KV cache not judged") for line in blind[-1].evidence)

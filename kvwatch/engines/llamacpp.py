@@ -12,19 +12,40 @@ server's ``/metrics`` handler and from a real server under load, tests/fixtures/
 - ``kv_cache_usage_ratio`` / ``kv_cache_tokens`` exist only in older builds. A current build leaves no trace of a
   full KV cache in ``/metrics`` (requests fail with HTTP 500 "context size has been exceeded"): where no KV gauge is
   exported, the KV cache is not judged, and the diagnosis says so.
+
+``/slots`` (recent builds serve it unless ``--no-slots``; older ones, as the captures', with ``--slots``; 501
+``not_supported_error`` when off) shows each slot's context, which
+``/metrics`` does not: kvwatch reads it right after ``/metrics`` (``ENGINE.extra``). What its fields mean, from
+ggml-org/llama.cpp tools/server/server-context.cpp at 001d906a6d86e2490e394361e7cc6f478b100088 (``server_slot::
+to_json``, ``process_token``, ``decode``) and src/llama-context.cpp (``n_ctx_seq``) of the same commit, and from the
+real server's captures (tests/fixtures/engines/llamacpp/captures/README.md):
+- ``n_ctx`` is the slot's own context, ``llama_n_ctx_seq``: ``--ctx-size / --parallel`` (each slot its own slice of
+  the KV cache), or all of ``--ctx-size`` on every slot with ``--kv-unified`` (one pool the slots share; llama-server
+  turns it on, with 4 slots, when ``--parallel`` is not given).
+- ``n_prompt_tokens`` is the slot's cached tokens (``prompt.tokens.size()``): the prompt and the tokens generated so
+  far, despite its name. ``id_task`` and it come from the slot's current task, or its last one once idle (the KV stays
+  cached for the next prompt); a slot that never ran a task has only ``id``, ``n_ctx``, ``speculative``,
+  ``is_processing``.
+- Without context shift (the default) a request is stopped, ``truncated``, when ``n_tokens + 1 >= n_ctx``: a slot
+  whose tokens reached ``n_ctx - 1`` had its request cut short at the end of its context (or, by chance, ending
+  there). A prompt of ``n_ctx`` tokens or more never reaches a slot (HTTP 400 ``exceed_context_size_error``): unseen.
+- With ``--kv-unified`` the pool can fill before any one slot's context does (llama.cpp then purges idle slots, then
+  fails every running request with "Context size has been exceeded"): ``/slots`` cannot show that, nor whether the
+  pool is unified (every slot reads the same ``n_ctx`` either way), so only a slot's own context is judged.
 """
 
 from __future__ import annotations
 
+import json
 import math
 
 from kvwatch.catalog import Action, Bottleneck
-from kvwatch.engines import Engine
+from kvwatch.engines import Engine, ExtraSource, Snapshots
 from kvwatch.engines._common import engine_index
 from kvwatch.parse import Family
-from kvwatch.snapshot import Counter, EngineSnapshot, Gauge
+from kvwatch.snapshot import Counter, EngineSnapshot, Gauge, SlotContext
 
-__all__ = ["ENGINE", "FLAGS", "keep_family", "read"]
+__all__ = ["ENGINE", "FLAGS", "fill_slots", "keep_family", "parse_slots", "read", "record_slots"]
 
 _P = "llamacpp:"
 PROCESSING, DEFERRED = _P + "requests_processing", _P + "requests_deferred"
@@ -84,6 +105,70 @@ def _slots_when_deferring(s: EngineSnapshot) -> int | None:
     return int(busy) if busy and deferred and deferred > 0 else None
 
 
+# /slots. At most this many slots are read (llama.cpp's --parallel is far below; a longer list is not its /slots), and
+# every number is a C int32 as the server prints it: anything else, and the body is not read.
+MAX_SLOTS = 4096
+_INT32 = 2**31 - 1
+
+
+def parse_slots(body: bytes) -> tuple[SlotContext, ...] | None:
+    """``/slots`` -> each slot's context, or None when the body is not llama.cpp's ``/slots``: not JSON, not a list
+    of objects, a field of the wrong type or out of range, a slot id twice, more than MAX_SLOTS. Pure; never raises."""
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError):  # not JSON, not UTF-8 (UnicodeDecodeError), nested past the stack
+        return None
+    if not isinstance(data, list) or len(data) > MAX_SLOTS:
+        return None
+    slots = [_slot(x) for x in data]
+    if any(s is None for s in slots):
+        return None
+    out = tuple(sorted((s for s in slots if s is not None), key=lambda s: s.slot))
+    return out if len({s.slot for s in out}) == len(out) else None
+
+
+def _int(v: object, low: int = 0) -> int | None:
+    return v if type(v) is int and low <= v <= _INT32 else None  # type() and not isinstance: a bool is no count
+
+
+def _slot(x: object) -> SlotContext | None:
+    if not isinstance(x, dict) or type(x.get("is_processing")) is not bool:
+        return None
+    slot, n_ctx = _int(x.get("id")), _int(x.get("n_ctx"), 1)
+    tokens = _int(x.get("n_prompt_tokens", 0))  # absent: the slot never ran a task
+    raw_task = x.get("id_task")
+    task = None if raw_task is None else _int(raw_task, -1)
+    if slot is None or n_ctx is None or tokens is None or (raw_task is not None and task is None):
+        return None
+    # llama.cpp stops a request (truncated) once n_tokens + 1 >= n_ctx (process_token, context shift off)
+    return SlotContext(slot, n_ctx, tokens, x["is_processing"], task, tokens + 1 >= n_ctx)
+
+
+def fill_slots(parsed: object, snaps: Snapshots) -> None:
+    """The slots onto the server's snapshot (one: llama.cpp's metrics have no labels), and the fullest busy slot's
+    share of its context (0 when none is busy: a known nothing, not an unknown)."""
+    slots: tuple[SlotContext, ...] = parsed  # type: ignore[assignment]  # parse_slots' result
+    busy = [min(1.0, s.tokens / s.n_ctx) for s in slots if s.busy]
+    for snap in snaps.values():
+        snap.slots = slots
+        snap.gauges[Gauge.CONTEXT_USED_MAX_RATIO] = max(busy, default=0.0)
+
+
+def record_slots(parsed: object) -> bytes:
+    """The slots as a recording keeps them: only the fields kvwatch reads, in /slots' own shape (so that parse_slots
+    reads the file back), never the sampling params or, on a debugging server, the prompts."""
+    slots: tuple[SlotContext, ...] = parsed  # type: ignore[assignment]
+    out = []
+    for s in slots:
+        slot: dict = {"id": s.slot, "n_ctx": s.n_ctx, "is_processing": s.busy}
+        if s.task is not None:
+            slot["id_task"] = s.task
+        if s.task is not None or s.tokens:
+            slot["n_prompt_tokens"] = s.tokens
+        out.append(slot)
+    return json.dumps(out, separators=(",", ":")).encode()
+
+
 # llama-server's spelling of each action (tools/server/README.md).
 FLAGS: dict[Action, str] = {
     Action.FP8_KV_CACHE: "--cache-type-k q8_0 --cache-type-v q8_0",
@@ -111,6 +196,16 @@ ENGINE = Engine(
     # No step histogram (the token budget), no LoRA queue, no P/D, no sleep state in its metrics.
     shows=frozenset(Bottleneck)
     - {Bottleneck.ASLEEP, Bottleneck.MAX_LORAS, Bottleneck.KV_TRANSFER, Bottleneck.TOKEN_BUDGET},
-    cannot_tell="the KV cache in current builds (no KV gauge; a full context fails requests: HTTP 400, older builds 500), and the "
-    "slot count while no request is deferred",
+    cannot_tell="the KV cache in current builds without /slots (no KV gauge; a full context fails requests: HTTP 400, "
+    "older builds 500); with /slots, a pool the slots share (--kv-unified, the default without --parallel) filling "
+    "before any one slot's context; and the slot count while no request is deferred",
+    extra=ExtraSource(
+        "/slots",
+        ".slots.json",
+        parse_slots,
+        fill_slots,
+        record_slots,
+        # common.h's endpoint_slots: on in recent builds (--no-slots turns it off); the captures' build needed --slots
+        enable="start llama-server with --slots (recent builds serve it unless --no-slots)",
+    ),
 )

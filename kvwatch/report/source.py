@@ -18,7 +18,7 @@ from kvwatch.catalog import Bottleneck
 from kvwatch.diagnose import Diagnosis
 from kvwatch.history import ENGINE_FIELDS, TARGET_FIELDS, engine_row
 from kvwatch.parse import ParseError
-from kvwatch.recording import recording_files
+from kvwatch.recording import read_recorded, recording_files
 from kvwatch.state import NoEngineMetrics, Target
 
 __all__ = ["REPORT_FIELDS", "Moment", "ReportError", "Timeline", "from_history", "from_recording"]
@@ -121,7 +121,7 @@ def from_recording(directory: Path, target: Target) -> Timeline:
     resets = 0
     for t, f in files:
         try:
-            target.observe_body(t, f.read_text(encoding="utf-8", errors="replace"))
+            target.observe_body(t, *read_recorded(f))
         except (ParseError, NoEngineMetrics, OSError) as err:
             target.observe_failure(t, f"{f.name}: {err}")
             tl.skipped.append(f.name)

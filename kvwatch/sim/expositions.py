@@ -25,6 +25,10 @@ class Exposition:
     versions: tuple[str, ...] = ()  # --metrics-version values (vLLM's); others speak one version
     one_engine: str = ""  # why it serves one engine only ("": data-parallel engines allowed)
     adapter: str = ""  # kvwatch.engines' name for the engine, if not ``name``
+    # A second path the engine serves beside its metrics, and its body for ``sim`` (llama.cpp's /slots): what the
+    # adapter's kvwatch.engines.ExtraSource reads
+    extra_path: str = ""
+    render_extra: Callable[..., bytes] | None = None
 
     @property
     def engine(self) -> str:
@@ -56,6 +60,8 @@ EXPOSITIONS: dict[str, Exposition] = {
             "llama.cpp (llama-server)",
             exposition_llamacpp.render,
             one_engine="a llama.cpp server is one engine (its metrics have no labels)",
+            extra_path="/slots",
+            render_extra=exposition_llamacpp.render_slots,
         ),
     )
 }

@@ -13,7 +13,7 @@ from typing import TextIO
 
 from aiohttp import web
 
-from . import exposition_llamacpp, exposition_trtllm
+from . import exposition_trtllm
 from .exposition import CONTENT_TYPE, normalize_version, process_start_time, render
 from .expositions import by_name
 from .scenario import Scenario, load_scenario
@@ -105,8 +105,8 @@ class SimServer:
         app.router.add_get(self.exposition.metrics_path, self._metrics)
         if self.exposition.name == "trtllm":  # trtllm-serve's /metrics is JSON iteration stats
             app.router.add_get("/metrics", self._iteration_stats)
-        if self.exposition.name == "llamacpp":  # llama-server's per-slot JSON
-            app.router.add_get("/slots", self._slots)
+        if self.exposition.extra_path:  # llama-server's per-slot JSON, /slots
+            app.router.add_get(self.exposition.extra_path, self._extra)
         app.router.add_get("/health", self._health)
         app.router.add_get("/version", self._version)
         app.router.add_get("/v1/models", self._models)
@@ -239,9 +239,10 @@ class SimServer:
         self.catch_up()
         return web.json_response(exposition_trtllm.iteration_stats(self.simulator))
 
-    async def _slots(self, request: web.Request) -> web.Response:
+    async def _extra(self, request: web.Request) -> web.Response:
         self.catch_up()
-        return web.json_response(exposition_llamacpp.slot_states(self.simulator))
+        assert self.exposition.render_extra is not None
+        return web.Response(body=self.exposition.render_extra(self.simulator), content_type="application/json")
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.Response(status=200)

@@ -193,6 +193,7 @@ class FakeVllm:
         """Listen (again, on the same port after a ``stop``)."""
         app = web.Application()
         app.router.add_get("/metrics", self.handle)
+        self.add_routes(app)
         # Going down cancels a handler still sleeping in "slow" mode (its client gave up long ago) instead of
         # waiting out the delay: a test's teardown no longer sits through the rest of those 5 s.
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
@@ -200,6 +201,9 @@ class FakeVllm:
         await web.TCPSite(self._runner, self.host, self.port).start()
         self.port = self._runner.addresses[0][1]
         return self
+
+    def add_routes(self, app: web.Application) -> None:
+        """More paths beside /metrics (a subclass's: tests/helpers/fake_llamacpp.py's /slots)."""
 
     async def stop(self) -> None:
         """Go down (connection refused) without forgetting the port, so ``start()`` can come back."""
