@@ -372,6 +372,46 @@ def test_generate_check_detects_drift(tmp_path, monkeypatch):
     assert gen.main(["--check"]) == 0
 
 
+def test_the_flag_group_is_every_engines_flag_of_every_action():
+    """kvwatch.flags (generated) holds one series per (engine, action) with the engine's own spelling, from the Engine
+    registry: the words kvwatch's own advice uses (Engine.flag); none where an engine has no flag ("-")."""
+    from kvwatch.engines import ENGINES
+
+    (group,) = [
+        g for g in yaml.safe_load((ALERTS / "kvwatch-rules.yaml").read_text())["groups"] if g["name"] == "kvwatch.flags"
+    ]
+    got = [(r["labels"]["engine_type"], r["labels"]["action"], r["labels"]["flag"]) for r in group["rules"]]
+    assert {r["record"] for r in group["rules"]} == {"kvwatch:recommendation_action_flag:info"}
+    assert {str(r["expr"]) for r in group["rules"]} == {"vector(1)"}
+    want = [(e.name, str(a), e.flag(a)) for e in ENGINES for a in Action if e.flag(a) != "-"]
+    assert got == want
+    assert ("sglang", "raise_max_num_seqs", "--max-running-requests") in got
+    assert ("llamacpp", "scale_prefill_side") not in {(e, a) for e, a, _ in got}
+
+
+def test_check_refuses_a_flag_group_that_drifts_and_generating_restores_it(tmp_path, monkeypatch):
+    import alerts.generate as gen
+
+    rules = (ALERTS / "kvwatch-rules.yaml").read_text()
+    assert gen.flags_problems(rules) == [] and gen.with_flags(rules) == rules
+    spelled = 'engine_type: sglang, action: raise_max_num_seqs, flag: "--max-running-requests"'
+    assert spelled in rules
+    drifted = rules.replace(spelled, 'engine_type: sglang, action: raise_max_num_seqs, flag: "--max-num-seqs"')
+    assert gen.flags_problems(drifted) == [
+        "kvwatch-rules.yaml's kvwatch.flags group differs from kvwatch/engines' FLAGS: run python alerts/generate.py"
+    ]
+    assert gen.with_flags(drifted) == rules
+    unmarked = rules.replace("# BEGIN generated:kvwatch.flags", "# kvwatch.flags")
+    assert gen.flags_problems(unmarked) == ["kvwatch-rules.yaml has no generated kvwatch.flags group"]
+    for f in gen.SOURCES:
+        (tmp_path / f).write_text((ALERTS / f).read_text())
+    (tmp_path / "kvwatch-rules.yaml").write_text(drifted)
+    monkeypatch.setattr(gen, "HERE", tmp_path)
+    assert gen.vocabulary_problems() == [
+        "kvwatch-rules.yaml's kvwatch.flags group differs from kvwatch/engines' FLAGS: run python alerts/generate.py"
+    ]
+
+
 def test_prometheusrule_validates_against_the_crd():
     crd = yaml.safe_load(SCHEMA.read_text())
     version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1")
