@@ -88,6 +88,40 @@ def with_flags(rules: str) -> str:
     return FLAGS_BLOCK.sub(lambda _: flags_block(), rules, count=1)
 
 
+def flag_tokens() -> set[str]:
+    """Every ``--flag`` any engine spells for an action (kvwatch/engines FLAGS)."""
+    return {t for e in ENGINES for a in Action for t in re.findall(r"--[a-z][\w-]*", e.flag(a))}
+
+
+def annotation_flag_problems() -> list[str]:
+    """The alert text names flags only through the generated group: a description that names the top
+    recommendation, and the recommendations list, join kvwatch.flags; no annotation spells an engine's flag of an
+    action by hand (`--max-num-seqs` is vLLM's alone) or builds one from a label (`--{{ $labels.limit }}`)."""
+    tokens = sorted(flag_tokens(), key=len, reverse=True)
+    spelled = re.compile(r"(?<![\w-])(" + "|".join(map(re.escape, tokens)) + r")(?![\w-])")
+    problems = []
+    for group in load_groups(("kvwatch-alerts.yaml",)):
+        for rule in group["rules"]:
+            name, ann = rule.get("alert"), rule.get("annotations", {})
+            if name is None:
+                continue
+            description = ann.get("description", "")
+            if "Top recommendation:" in description and FLAG_RECORD not in description:
+                problems.append(f"{name}: its top recommendation does not name the flag from {FLAG_RECORD}")
+            if "recommendations" in ann and FLAG_RECORD not in ann["recommendations"]:
+                problems.append(f"{name}: its recommendations do not name the flags from {FLAG_RECORD}")
+            for key, text in ann.items():
+                for flag in sorted(set(spelled.findall(text))):
+                    problems.append(
+                        f"{name}: {key} spells the flag {flag} by hand (one engine's word: use {FLAG_RECORD})"
+                    )
+                if "--{{" in text:
+                    problems.append(
+                        f"{name}: {key} builds a flag from a label (one engine's spelling: use {FLAG_RECORD})"
+                    )
+    return problems
+
+
 def flags_problems(rules: str) -> list[str]:
     """The generated group is missing, or differs from what the engines' FLAGS give."""
     found = FLAGS_BLOCK.search(rules)
@@ -166,6 +200,7 @@ def vocabulary_problems() -> list[str]:
     if f">= bool {stall}" not in text:
         problems.append(f"the fleet rules do not use the default admission-stall threshold {stall}")
     problems += flags_problems((HERE / "kvwatch-rules.yaml").read_text())
+    problems += annotation_flag_problems()
     return problems + autoscaling_problems(text) + page_problems() + runbook_problems(runbooks)
 
 
@@ -195,6 +230,8 @@ def autoscaling_problems(text: str) -> list[str]:
     named = set(re.findall(r'limit!?="([a-z_]+)"', text)) | set(re.findall(r"limit: ([a-z_]+)\}", text))
     problems = [f"unknown capacity limit {n!r}" for n in sorted(named - set(CAPACITY_LIMITS))]
     problems += [f"no flag-raised rule for {f}" for f in FLAG_LIMITS if f"labels: {{limit: {f}}}" not in text]
+    # KvwatchScaleOutNotNeeded names the fix of a flag limit as the action raise_<limit>
+    problems += [f"no action raise_{f} for the flag limit {f}" for f in FLAG_LIMITS if f"raise_{f}" not in set(Action)]
     margin = f"{Thresholds().raise_seqs_margin:g}"
     if f"record: kvwatch:autoscaling_flag_gain_min:ratio\n        expr: vector({margin})" not in text:
         problems.append(f"kvwatch:autoscaling_flag_gain_min:ratio is not the raise_seqs_margin {margin}")

@@ -412,6 +412,38 @@ def test_check_refuses_a_flag_group_that_drifts_and_generating_restores_it(tmp_p
     ]
 
 
+def test_check_refuses_alert_text_that_spells_a_flag_instead_of_joining_the_flag_group(tmp_path, monkeypatch):
+    """A page names each flag in the paged engine's words, so no annotation may spell one engine's flag (or build one
+    from a label), and the top recommendation and the recommendations list must join kvwatch.flags."""
+    import alerts.generate as gen
+
+    assert gen.annotation_flag_problems() == []
+    alerts = (ALERTS / "kvwatch-alerts.yaml").read_text()
+    join = (
+        '{{ $action := . | first | label "action" }}{{ $action }}{{ with printf `kvwatch:recommendation_action_flag:info'
+        "{action=%q} and on (engine_type) kvwatch_target_info{job=%q,instance=%q,target=%q}` $action $labels.job "
+        '$labels.instance $labels.target | query }} ({{ . | first | label "flag" }}){{ end }}'
+    )
+    assert alerts.count(join) == 12
+    token_budget = alerts.index("- alert: KvwatchTokenBudgetBinding")
+    unjoined = alerts[:token_budget] + alerts[token_budget:].replace(join, '{{ . | first | label "action" }}', 1)
+    by_hand = alerts.replace("every LoRA slot has been taken", "every LoRA slot (--max-loras) has been taken")
+    from_label = alerts.replace("raising it adds", 'raising --{{ $labels.limit | reReplaceAll "_" "-" }} adds')
+    for text, problem in (
+        (unjoined, "KvwatchTokenBudgetBinding: its top recommendation does not name the flag from "),
+        (by_hand, "KvwatchMaxLorasBinding: description spells the flag --max-loras by hand"),
+        (from_label, "KvwatchScaleOutNotNeeded: description builds a flag from a label"),
+    ):
+        assert text != alerts
+        for f in gen.SOURCES:
+            (tmp_path / f).write_text((ALERTS / f).read_text())
+        (tmp_path / "kvwatch-alerts.yaml").write_text(text)
+        monkeypatch.setattr(gen, "HERE", tmp_path)
+        (found,) = gen.annotation_flag_problems()
+        assert found.startswith(problem), found
+        assert found in gen.vocabulary_problems()
+
+
 def test_prometheusrule_validates_against_the_crd():
     crd = yaml.safe_load(SCHEMA.read_text())
     version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1")
