@@ -201,6 +201,7 @@ def vocabulary_problems() -> list[str]:
         problems.append(f"the fleet rules do not use the default admission-stall threshold {stall}")
     problems += flags_problems((HERE / "kvwatch-rules.yaml").read_text())
     problems += annotation_flag_problems()
+    problems += runbook_flag_problems(runbooks)
     return problems + autoscaling_problems(text) + page_problems() + runbook_problems(runbooks)
 
 
@@ -216,6 +217,47 @@ def runbook_problems(runbooks: str) -> list[str]:
                 problems.append(f"{name}: runbook_url {url!r} is not {RUNBOOK_URL}#{name.lower()}")
             if f"\n## {name}\n" not in runbooks:
                 problems.append(f"docs/alerts.md has no section '## {name}'")
+    return problems
+
+
+# A flag named as vLLM's (or as kvwatch's own hint option of that name) within three words before it: "vLLM's log",
+# "vLLM's `--kv-cache-memory-bytes`", "kvwatch's own `--max-num-seqs` / `--max-num-batched-tokens` hints".
+LABELLED = re.compile(r"\b(?:vLLM|kvwatch)'s(?: \S+){0,3} ?$")
+
+
+def runbook_flag_problems(runbooks: str) -> list[str]:
+    """docs/alerts.md names vLLM's flag of an action only with every other engine's spelling of it in the same section
+    (between two headings: the generated ``flags_<action>`` table does it), or labelled as vLLM's: an SRE paged for
+    SGLang must not read `--max-num-seqs` alone. Each fix's section opens with its generated table."""
+    from kvwatch.engines import by_name
+
+    vllm = by_name("vllm")
+    others = [e for e in ENGINES if e is not vllm]
+    actions_of: dict[str, list[Action]] = {}
+    for action in Action:
+        for token in re.findall(r"--[a-z][\w-]*", vllm.flag(action)):
+            actions_of.setdefault(token, []).append(action)
+    problems = []
+    for section in re.split(r"^(?=#{1,6} )", runbooks, flags=re.M):
+        heading = section.splitlines()[0] if section.startswith("#") else "(top of the page)"
+        text = " ".join(section.split())
+        for token, actions in actions_of.items():
+            for m in re.finditer(rf"(?<![\w-]){re.escape(token)}(?![\w-])", text):
+                if LABELLED.search(text[: m.start()].rstrip("`")):
+                    continue
+                missing = [e.title for e in others if e.flag(actions[0]) != "-" and e.flag(actions[0]) not in text]
+                if missing and all(any(e.flag(a) not in text for e in others if e.flag(a) != "-") for a in actions):
+                    problems.append(
+                        f"docs/alerts.md, {heading!r}: vLLM's {token} without {', '.join(missing)}'s spelling of "
+                        f"{actions[0]} in the section (label it vLLM's, or add the table catalog:flags_{actions[0]})"
+                    )
+                    break
+    for action in Action:
+        fix = re.search(rf"^### {action}\n(.*?)(?=^#|\Z)", runbooks, re.S | re.M)
+        if fix and not fix.group(1).lstrip().startswith(f"<!-- BEGIN catalog:flags_{action} -->"):
+            problems.append(
+                f"docs/alerts.md: the fix '### {action}' does not open with its table catalog:flags_{action}"
+            )
     return problems
 
 

@@ -250,6 +250,51 @@ def test_runbooks_order_fixes_by_cost_with_trade_offs():
     assert fixes.lower().count("trade-off") >= len(ACTIONS)
 
 
+def test_runbooks_name_no_vllm_flag_without_the_other_engines_spelling():
+    """A runbook section that names vLLM's flag of an action gives every engine's spelling of it (the generated
+    flags table), or says the flag is vLLM's; every fix opens with its generated table (alerts/generate.py --check)."""
+    import alerts.generate as gen
+
+    text = RUNBOOKS.read_text()
+    assert gen.runbook_flag_problems(text) == []
+    stalled = "**Fix.** [`restart_engine`](#restart_engine): delete the pod"
+    assert text.count(stalled) == 1
+    bare = text.replace(stalled, "**Fix.** Lower `--max-num-seqs`, or " + stalled[len("**Fix.** ") :])
+    assert gen.runbook_flag_problems(bare) == [
+        "docs/alerts.md, '## KvwatchEngineStalled': vLLM's --max-num-seqs without SGLang, TensorRT-LLM, llama.cpp's "
+        "spelling of raise_max_num_seqs in the section (label it vLLM's, or add the table "
+        "catalog:flags_raise_max_num_seqs)"
+    ]
+    labelled = text.replace(stalled, "**Fix.** Lower vLLM's `--max-num-seqs`, or " + stalled[len("**Fix.** ") :])
+    assert gen.runbook_flag_problems(labelled) == []
+    # beside the generated table (KvwatchMaxNumSeqsBinding carries raise_max_num_seqs'), the bare flag is fine
+    ceiling = "An inferred ceiling: find the engine's flag"
+    assert text.count(ceiling) == 1
+    assert gen.runbook_flag_problems(text.replace(ceiling, ceiling + " (`--max-num-seqs` for vLLM)")) == []
+    table = re.search(
+        r"(### raise_max_num_seqs\n\n)(<!-- BEGIN catalog:flags_raise_max_num_seqs -->.*?<!-- END.*?-->\n)", text, re.S
+    )
+    assert gen.runbook_flag_problems(text.replace(table.group(0), table.group(1))) == [
+        "docs/alerts.md: the fix '### raise_max_num_seqs' does not open with its table catalog:flags_raise_max_num_seqs"
+    ]
+    assert "docs/alerts.md" not in " ".join(gen.vocabulary_problems())
+
+
+def test_each_fix_opens_with_every_engines_flag_of_it():
+    """The generated tables in docs/alerts.md are the Engine registry's FLAGS (docs/generate.py --check refuses drift)."""
+    from kvwatch.engines import ENGINES
+
+    text = RUNBOOKS.read_text()
+    for action in Action:
+        fix = text.split(f"\n### {action}\n", 1)[1]
+        block = fix.split(f"<!-- BEGIN catalog:flags_{action} -->\n", 1)[1].split("<!-- END", 1)[0]
+        header, _, row = block.strip().splitlines()
+        assert header == "| " + " | ".join(e.title for e in ENGINES) + " |"
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert cells == [f"`{e.flag(action)}`" if e.flag(action) != "-" else "none" for e in ENGINES], action
+    assert "| `--max-num-seqs` | `--max-running-requests` | `--max_batch_size` | `--parallel` |" in text
+
+
 # -- Alertmanager ----------------------------------------------------------------------------------------------
 
 
