@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Write the documentation's generated tables: from ``kvwatch/catalog.py`` the exported metrics, bottlenecks,
-actions, confidence levels and scrape-error reasons; the fault table from ``tests/fault_table.py`` (the tests' own
+actions, confidence levels and scrape-error reasons; each action's flag in every engine's words (``flags_<action>``,
+one per fix in docs/alerts.md) from ``kvwatch/engines``; the fault table from ``tests/fault_table.py`` (the tests' own
 cases); kvwatch's own /metrics worst case from ``kvwatch.export.worst_case``; the alert table from
 ``alerts/kvwatch-alerts.yaml``.
 
@@ -14,8 +15,10 @@ docs/, wherever the topic's page is; the rest of each page is left as it is. Eve
 from __future__ import annotations
 
 import argparse
+import functools
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -59,6 +62,14 @@ def actions_table() -> str:
         "|---|" + "---|" * len(ENGINES) + "---|",
     ]
     rows += [f"| `{a}` | " + " | ".join(f"`{e.flag(a)}`" for e in ENGINES) + f" | {a.meaning} |" for a in Action]
+    return "\n".join(rows)
+
+
+def flags_table(action: Action) -> str:
+    """One action's flag in each engine's own words (the Engine registry's FLAGS, what kvwatch's advice and the alerts
+    say): the table at the top of the action's fix in docs/alerts.md (block ``flags_<action>``)."""
+    rows = ["| " + " | ".join(e.title for e in ENGINES) + " |", "|" + "---|" * len(ENGINES)]
+    rows.append("| " + " | ".join(f"`{e.flag(action)}`" if e.flag(action) != "-" else "none" for e in ENGINES) + " |")
     return "\n".join(rows)
 
 
@@ -131,7 +142,7 @@ def worst_case_text() -> str:
     )
 
 
-TABLES = {
+TABLES: dict[str, Callable[[], str]] = {
     "metrics": metrics_table,
     "bottlenecks": bottlenecks_table,
     "actions": actions_table,
@@ -141,6 +152,7 @@ TABLES = {
     "reasons": reasons_table,
     "worst_case": worst_case_text,
     "alerts": alerts_table,
+    **{f"flags_{a}": functools.partial(flags_table, a) for a in Action},
 }
 
 

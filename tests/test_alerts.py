@@ -250,6 +250,51 @@ def test_runbooks_order_fixes_by_cost_with_trade_offs():
     assert fixes.lower().count("trade-off") >= len(ACTIONS)
 
 
+def test_runbooks_name_no_vllm_flag_without_the_other_engines_spelling():
+    """A runbook section that names vLLM's flag of an action gives every engine's spelling of it (the generated
+    flags table), or says the flag is vLLM's; every fix opens with its generated table (alerts/generate.py --check)."""
+    import alerts.generate as gen
+
+    text = RUNBOOKS.read_text()
+    assert gen.runbook_flag_problems(text) == []
+    stalled = "**Fix.** [`restart_engine`](#restart_engine): delete the pod"
+    assert text.count(stalled) == 1
+    bare = text.replace(stalled, "**Fix.** Lower `--max-num-seqs`, or " + stalled[len("**Fix.** ") :])
+    assert gen.runbook_flag_problems(bare) == [
+        "docs/alerts.md, '## KvwatchEngineStalled': vLLM's --max-num-seqs without SGLang, TensorRT-LLM, llama.cpp's "
+        "spelling of raise_max_num_seqs in the section (label it vLLM's, or add the table "
+        "catalog:flags_raise_max_num_seqs)"
+    ]
+    labelled = text.replace(stalled, "**Fix.** Lower vLLM's `--max-num-seqs`, or " + stalled[len("**Fix.** ") :])
+    assert gen.runbook_flag_problems(labelled) == []
+    # beside the generated table (KvwatchMaxNumSeqsBinding carries raise_max_num_seqs'), the bare flag is fine
+    ceiling = "An inferred ceiling: find the engine's flag"
+    assert text.count(ceiling) == 1
+    assert gen.runbook_flag_problems(text.replace(ceiling, ceiling + " (`--max-num-seqs` for vLLM)")) == []
+    table = re.search(
+        r"(### raise_max_num_seqs\n\n)(<!-- BEGIN catalog:flags_raise_max_num_seqs -->.*?<!-- END.*?-->\n)", text, re.S
+    )
+    assert gen.runbook_flag_problems(text.replace(table.group(0), table.group(1))) == [
+        "docs/alerts.md: the fix '### raise_max_num_seqs' does not open with its table catalog:flags_raise_max_num_seqs"
+    ]
+    assert "docs/alerts.md" not in " ".join(gen.vocabulary_problems())
+
+
+def test_each_fix_opens_with_every_engines_flag_of_it():
+    """The generated tables in docs/alerts.md are the Engine registry's FLAGS (docs/generate.py --check refuses drift)."""
+    from kvwatch.engines import ENGINES
+
+    text = RUNBOOKS.read_text()
+    for action in Action:
+        fix = text.split(f"\n### {action}\n", 1)[1]
+        block = fix.split(f"<!-- BEGIN catalog:flags_{action} -->\n", 1)[1].split("<!-- END", 1)[0]
+        header, _, row = block.strip().splitlines()
+        assert header == "| " + " | ".join(e.title for e in ENGINES) + " |"
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert cells == [f"`{e.flag(action)}`" if e.flag(action) != "-" else "none" for e in ENGINES], action
+    assert "| `--max-num-seqs` | `--max-running-requests` | `--max_batch_size` | `--parallel` |" in text
+
+
 # -- Alertmanager ----------------------------------------------------------------------------------------------
 
 
@@ -370,6 +415,78 @@ def test_generate_check_detects_drift(tmp_path, monkeypatch):
     assert gen.main(["--check"]) == 1
     gen.main([])
     assert gen.main(["--check"]) == 0
+
+
+def test_the_flag_group_is_every_engines_flag_of_every_action():
+    """kvwatch.flags (generated) holds one series per (engine, action) with the engine's own spelling, from the Engine
+    registry: the words kvwatch's own advice uses (Engine.flag); none where an engine has no flag ("-")."""
+    from kvwatch.engines import ENGINES
+
+    (group,) = [
+        g for g in yaml.safe_load((ALERTS / "kvwatch-rules.yaml").read_text())["groups"] if g["name"] == "kvwatch.flags"
+    ]
+    got = [(r["labels"]["engine_type"], r["labels"]["action"], r["labels"]["flag"]) for r in group["rules"]]
+    assert {r["record"] for r in group["rules"]} == {"kvwatch:recommendation_action_flag:info"}
+    assert {str(r["expr"]) for r in group["rules"]} == {"vector(1)"}
+    want = [(e.name, str(a), e.flag(a)) for e in ENGINES for a in Action if e.flag(a) != "-"]
+    assert got == want
+    assert ("sglang", "raise_max_num_seqs", "--max-running-requests") in got
+    assert ("llamacpp", "scale_prefill_side") not in {(e, a) for e, a, _ in got}
+
+
+def test_check_refuses_a_flag_group_that_drifts_and_generating_restores_it(tmp_path, monkeypatch):
+    import alerts.generate as gen
+
+    rules = (ALERTS / "kvwatch-rules.yaml").read_text()
+    assert gen.flags_problems(rules) == [] and gen.with_flags(rules) == rules
+    spelled = 'engine_type: sglang, action: raise_max_num_seqs, flag: "--max-running-requests"'
+    assert spelled in rules
+    drifted = rules.replace(spelled, 'engine_type: sglang, action: raise_max_num_seqs, flag: "--max-num-seqs"')
+    assert gen.flags_problems(drifted) == [
+        "kvwatch-rules.yaml's kvwatch.flags group differs from kvwatch/engines' FLAGS: run python alerts/generate.py"
+    ]
+    assert gen.with_flags(drifted) == rules
+    unmarked = rules.replace("# BEGIN generated:kvwatch.flags", "# kvwatch.flags")
+    assert gen.flags_problems(unmarked) == ["kvwatch-rules.yaml has no generated kvwatch.flags group"]
+    for f in gen.SOURCES:
+        (tmp_path / f).write_text((ALERTS / f).read_text())
+    (tmp_path / "kvwatch-rules.yaml").write_text(drifted)
+    monkeypatch.setattr(gen, "HERE", tmp_path)
+    assert gen.vocabulary_problems() == [
+        "kvwatch-rules.yaml's kvwatch.flags group differs from kvwatch/engines' FLAGS: run python alerts/generate.py"
+    ]
+
+
+def test_check_refuses_alert_text_that_spells_a_flag_instead_of_joining_the_flag_group(tmp_path, monkeypatch):
+    """A page names each flag in the paged engine's words, so no annotation may spell one engine's flag (or build one
+    from a label), and the top recommendation and the recommendations list must join kvwatch.flags."""
+    import alerts.generate as gen
+
+    assert gen.annotation_flag_problems() == []
+    alerts = (ALERTS / "kvwatch-alerts.yaml").read_text()
+    join = (
+        '{{ $action := . | first | label "action" }}{{ $action }}{{ with printf `kvwatch:recommendation_action_flag:info'
+        "{action=%q} and on (engine_type) kvwatch_target_info{job=%q,instance=%q,target=%q}` $action $labels.job "
+        '$labels.instance $labels.target | query }} ({{ . | first | label "flag" }}){{ end }}'
+    )
+    assert alerts.count(join) == 12
+    token_budget = alerts.index("- alert: KvwatchTokenBudgetBinding")
+    unjoined = alerts[:token_budget] + alerts[token_budget:].replace(join, '{{ . | first | label "action" }}', 1)
+    by_hand = alerts.replace("every LoRA slot has been taken", "every LoRA slot (--max-loras) has been taken")
+    from_label = alerts.replace("raising it adds", 'raising --{{ $labels.limit | reReplaceAll "_" "-" }} adds')
+    for text, problem in (
+        (unjoined, "KvwatchTokenBudgetBinding: its top recommendation does not name the flag from "),
+        (by_hand, "KvwatchMaxLorasBinding: description spells the flag --max-loras by hand"),
+        (from_label, "KvwatchScaleOutNotNeeded: description builds a flag from a label"),
+    ):
+        assert text != alerts
+        for f in gen.SOURCES:
+            (tmp_path / f).write_text((ALERTS / f).read_text())
+        (tmp_path / "kvwatch-alerts.yaml").write_text(text)
+        monkeypatch.setattr(gen, "HERE", tmp_path)
+        (found,) = gen.annotation_flag_problems()
+        assert found.startswith(problem), found
+        assert found in gen.vocabulary_problems()
 
 
 def test_prometheusrule_validates_against_the_crd():

@@ -12,11 +12,15 @@ What the test copy changes, and nothing else:
 - alertmanager.yml: secrets files and receiver URLs point at the test's files and local receivers, the template
   path is absolute, group_wait / group_interval are 1 s / 2 s, the heartbeat repeats every 4 s;
 - Prometheus scrapes and evaluates every second.
+
+A second test pages for an SGLang target (``kvwatch sim --engine sglang``) through the same path: the delivered
+notifications name SGLang's flag, not vLLM's.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import re
 import time
 from pathlib import Path
@@ -170,7 +174,7 @@ def test_kv_bound_target_pages_with_diagnosis_inhibits_warnings_and_resolves(tmp
             assert "fp8_kv_cache" in ev["payload"]["summary"]
             details = ev["payload"]["custom_details"]
             assert details["bottleneck"] == "kv_cache"
-            assert details["recommendations"].split(", ")[0] == "fp8_kv_cache"
+            assert details["recommendations"].split(", ")[0] == "fp8_kv_cache (--kv-cache-dtype fp8)"
             assert "preemptions/s" in details["evidence"] and "KV cache" in details["evidence"]
             assert "docs/alerts.md#kvwatch" in details["runbook"]
             assert ev["links"][0]["text"] == "Runbook"
@@ -187,7 +191,7 @@ def test_kv_bound_target_pages_with_diagnosis_inhibits_warnings_and_resolves(tmp
             assert "tiny-llama-dummy engine 0" in title
             assert "*Bottleneck:* `kv_cache`" in text
             assert "*Recommended fixes (cheapest first):* fp8_kv_cache" in text
-            assert "Top recommendation: fp8_kv_cache" in text
+            assert "Top recommendation: fp8_kv_cache (--kv-cache-dtype fp8)." in text
             assert "preemptions/s" in text and "docs/alerts.md#kvwatchkvcachepreempting" in text
             assert slack.snapshot()[0].path == f"/services/{SLACK_KEY}"
 
@@ -251,3 +255,63 @@ def test_kv_bound_target_pages_with_diagnosis_inhibits_warnings_and_resolves(tmp
             assert prom.value('kvwatch_bottleneck{bottleneck="idle"}') == 1
 
     print(f"\npipeline test: {time.monotonic() - t_start:.0f} s")
+
+
+def test_an_sglang_target_is_paged_in_sglangs_flags(tmp_path):
+    """`kvwatch sim --engine sglang` (the max_num_seqs preset: Running pinned at 2, TTFT p99 ~20 s) watched by a real
+    kvwatch: the TTFT SLO burn pages, and PagerDuty and Slack name the fix with SGLang's flag (--max-running-requests),
+    never vLLM's (--max-num-seqs). Prometheus starts once kvwatch names max_num_seqs, so the page's first (and, within
+    repeat_interval, only) notification carries it; the preset holds it from then on."""
+    rules_dir = tmp_path / "rules"
+    rules_dir.mkdir()
+    rules = [compress_rules(p, rules_dir) for p in RULE_FILES]
+    sim_args = ["sim", "--scenario", "max_num_seqs", "--engine", "sglang", "--seed", "11"]
+    with (
+        WebhookReceiver() as slack,
+        WebhookReceiver(status=202) as pagerduty,
+        WebhookReceiver() as heartbeat,
+        Alertmanager(alertmanager_test_config(tmp_path, slack, pagerduty, heartbeat), tmp_path / "am") as am,
+        Kvwatch(sim_args, tmp_path / "sim", listen_flag="--port", ready_path="/metrics", name="sim") as sim,
+        Kvwatch(["run", "--target", f"{sim.url}/metrics", "--interval", "1"], tmp_path / "kvwatch") as kv,
+    ):
+
+        def names_max_num_seqs() -> dict | None:
+            d = json.loads(kv.get("/api/v1/diagnosis"))
+            return d if d.get("engine_type") == "sglang" and d.get("bottleneck") == "max_num_seqs" else None
+
+        diagnosis = kv.wait_for(names_max_num_seqs, timeout=60, what="kvwatch names max_num_seqs on the SGLang sim")
+        (engine,) = diagnosis["engines"]
+        assert engine["recommendations"][0]["flag"] == "--max-running-requests"
+        prom_cfg = {
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "900ms"},
+            "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{am.port}"]}]}]},
+            "scrape_configs": [{"job_name": "kvwatch", "static_configs": [{"targets": [f"127.0.0.1:{kv.port}"]}]}],
+        }
+        with Prometheus(prom_cfg, tmp_path / "prom", rule_files=rules):
+
+            def ttft_page():
+                return [
+                    e
+                    for e in pd_events(pagerduty)
+                    if e.get("event_action") == "trigger"
+                    and "KvwatchTTFTBudgetBurn" in e["payload"]["custom_details"]["alerts"]
+                ]
+
+            ev = pagerduty.wait_for(lambda _: ttft_page(), timeout=120, what="PagerDuty trigger for the SGLang target")[
+                -1
+            ]
+            fixes = "raise_max_num_seqs (--max-running-requests), add_replica (replicas (or --dp-size))"
+            assert f"fix first: {fixes}" in ev["payload"]["summary"]
+            details = ev["payload"]["custom_details"]
+            assert details["recommendations"] == fixes
+            assert "Top recommendation: raise_max_num_seqs (--max-running-requests)." in details["alerts"]
+
+            def slack_page():
+                return [m for m in slack_texts(slack) if m[1].startswith("[FIRING") and "KvwatchTTFTBudgetBurn" in m[2]]
+
+            _, _, text = slack.wait_for(lambda _: slack_page(), timeout=60, what="Slack message for the SGLang page")[
+                -1
+            ]
+            assert f"*Recommended fixes (cheapest first):* {fixes}" in text
+            assert "Top recommendation: raise_max_num_seqs (--max-running-requests)." in text
+            assert "--max-num-seqs" not in text + json.dumps(ev)  # vLLM's spelling reaches no one paged for SGLang
