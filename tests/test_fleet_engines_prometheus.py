@@ -7,8 +7,8 @@ Kubernetes would add and evaluates the shipped rules (alerts/, unmodified). Ever
 pod, or the panel states the reason it cannot (``no_data`` in grafana/fleet.py, the reasons
 tests/test_dashboards_prometheus.py checks on the simulator): llama.cpp exports no KV gauge, no context size, no
 preemption, no finished-request count and no live token counter (docs/alerts.md, "Fleet rules per engine"); a stated
-reason for a query that has data fails too. The llama.cpp pod is never called KV- or token-budget bound. The vLLM side: tests/test_dashboards_prometheus.py and
-tests/test_recording_rules_pipeline.py.
+reason for a query that has data fails too. The llama.cpp pod is never called KV- or token-budget bound. The vLLM
+side: tests/test_dashboards_prometheus.py and tests/test_recording_rules_pipeline.py.
 """
 
 from __future__ import annotations
