@@ -3,7 +3,8 @@
 actions, confidence levels and scrape-error reasons; each action's flag in every engine's words (``flags_<action>``,
 one per fix in docs/alerts.md) from ``kvwatch/engines``; the fault table from ``tests/fault_table.py`` (the tests' own
 cases); kvwatch's own /metrics worst case from ``kvwatch.export.worst_case``; the alert table from
-``alerts/kvwatch-alerts.yaml``.
+``alerts/kvwatch-alerts.yaml``; which dashboard panels have data for which engine from the panels' ``no_data``
+(``grafana/*.py``).
 
 Each table sits between ``<!-- BEGIN catalog:NAME -->`` and ``<!-- END catalog:NAME -->`` in README.md or a page of
 docs/, wherever the topic's page is; the rest of each page is left as it is. Every table appears somewhere.
@@ -26,10 +27,12 @@ sys.path.insert(0, str(REPO))
 
 import yaml  # noqa: E402
 
+import grafana  # noqa: E402
+from grafana import common  # noqa: E402
 from kvwatch.app import MAX_CONNECTIONS, REQUEST_DEADLINE_SECONDS  # noqa: E402
 from kvwatch.catalog import ENGINE, FAMILIES, Action, Bottleneck, Confidence, Family, ScrapeReason  # noqa: E402
 from kvwatch.config import Settings  # noqa: E402
-from kvwatch.engines import ENGINES  # noqa: E402
+from kvwatch.engines import ENGINES, by_name  # noqa: E402
 from kvwatch.export import worst_case  # noqa: E402
 from kvwatch.snapshot import MAX_LABEL_CHARS  # noqa: E402
 from tests.fault_table import ALL  # noqa: E402
@@ -122,6 +125,38 @@ def alerts_table() -> str:
     return "\n".join(rows)
 
 
+def dashboard_engines_table() -> str:
+    """One row per dashboard panel, one column per engine the panels are checked against on a real Prometheus: "yes"
+    where every query of the panel has data for that engine, else what is missing and why (the panel's ``no_data``)."""
+    engines = common.CHECKED_ENGINES
+    rows = [
+        "| dashboard | panel | " + " | ".join(by_name(e).title for e in engines) + " |",
+        "|---|---|" + "---|" * len(engines),
+    ]
+    for dash in grafana.build_all().values():
+        panels = [p for p in common.iter_panels(dash) if p.get("targets")]
+        titles = [p["title"] for p in panels]
+        for panel in panels:
+            title = panel["title"] + (" (tile)" if titles.count(panel["title"]) > 1 and panel["type"] == "stat" else "")
+            missing = common.no_data_of(panel)
+            names = common.query_names(panel)
+            cells = []
+            for engine in engines:
+                by_reason: dict[str, list[str]] = {}
+                for (e, ref), reason in missing.items():
+                    if e == engine:
+                        by_reason.setdefault(reason, []).append(names[ref])
+                if not by_reason:
+                    cells.append("yes")
+                elif len(by_reason) == 1 and len(next(iter(by_reason.values()))) == len(names):
+                    cells.append(f"no: {next(iter(by_reason))}")
+                else:
+                    parts = [", ".join(f"*{n}*" for n in which) + f": {why}" for why, which in by_reason.items()]
+                    cells.append("partly, no " + "; no ".join(parts))
+            rows.append(f"| {dash['title']} | {title} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
 def reasons_table() -> str:
     rows = ["| `reason` | meaning |", "|---|---|"]
     rows += [f"| `{r}` | {r.meaning} |" for r in ScrapeReason]
@@ -153,6 +188,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "worst_case": worst_case_text,
     "alerts": alerts_table,
     **{f"flags_{a}": functools.partial(flags_table, a) for a in Action},
+    "dashboard_engines": dashboard_engines_table,
 }
 
 

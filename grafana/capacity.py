@@ -7,6 +7,13 @@ from grafana.common import (
     ENGINE,
     ENGINE_LEGEND,
     JSON,
+    NO_KV_GAUGE,
+    NO_KV_SIZE,
+    NO_LORA,
+    NO_MAX_CONCURRENCY,
+    NO_PREFIX_RATIO,
+    NO_REJECTIONS,
+    NO_SEQUENCE_LENGTH,
     THRESHOLDS,
     TOKENS,
     Layout,
@@ -34,6 +41,7 @@ def capacity_tile() -> JSON:
         "parallelism, or add replicas.",
         ENGINE.agg("sum", "kvwatch_kv_cache_capacity_tokens"),
         unit=TOKENS,
+        no_data=NO_KV_SIZE,
     )
 
 
@@ -45,6 +53,7 @@ def free_tile() -> JSON:
         "finish. See the Overview dashboard's recommendations.",
         ENGINE.agg("sum", "kvwatch_kv_cache_free_tokens"),
         unit=TOKENS,
+        no_data=NO_KV_SIZE,
     )
 
 
@@ -59,6 +68,7 @@ def max_concurrency_tile() -> JSON:
         ENGINE.agg("sum", "kvwatch_estimated_max_concurrency"),
         unit="none",
         decimals=1,
+        no_data=NO_MAX_CONCURRENCY,
     )
 
 
@@ -73,6 +83,7 @@ def headroom_tile() -> JSON:
         unit="none",
         steps=thresholds(("red", None), ("orange", 0), ("green", 2)),
         decimals=1,
+        no_data=NO_MAX_CONCURRENCY,
     )
 
 
@@ -86,6 +97,7 @@ def sequence_tile() -> JSON:
         "for waste and consider prefix caching.",
         ENGINE.agg("avg", "kvwatch_mean_sequence_tokens"),
         unit=TOKENS,
+        no_data=NO_SEQUENCE_LENGTH,
     )
 
 
@@ -99,6 +111,7 @@ def prefix_tile() -> JSON:
         "prompts is expected.",
         ENGINE.agg("avg", "kvwatch_prefix_cache_hit_ratio"),
         unit="percentunit",
+        no_data=NO_PREFIX_RATIO,
     )
 
 
@@ -113,8 +126,16 @@ def capacity_and_free() -> JSON:
         "full* to see it coming. Capacity is fixed per engine config: to raise it use FP8 KV "
         "cache, more `--gpu-memory-utilization`, or more GPUs.",
         [
-            query(ENGINE.agg("max", "kvwatch_kv_cache_capacity_tokens", by=BY_ENGINE), "capacity · " + ENGINE_LEGEND),
-            query(ENGINE.agg("max", "kvwatch_kv_cache_free_tokens", by=BY_ENGINE), "free · " + ENGINE_LEGEND),
+            query(
+                ENGINE.agg("max", "kvwatch_kv_cache_capacity_tokens", by=BY_ENGINE),
+                "capacity · " + ENGINE_LEGEND,
+                no_data=NO_KV_SIZE,
+            ),
+            query(
+                ENGINE.agg("max", "kvwatch_kv_cache_free_tokens", by=BY_ENGINE),
+                "free · " + ENGINE_LEGEND,
+                no_data=NO_KV_SIZE,
+            ),
         ],
         unit=TOKENS,
         overrides=[dashed_series("^capacity.*")],
@@ -130,7 +151,13 @@ def pressure() -> JSON:
         "Long orange or red stretches under normal traffic mean the engine is undersized for its "
         "load: add KV capacity (FP8 KV cache, more GPU memory) or a replica; short ones at "
         "bursts are expected.",
-        [query(ENGINE.state_code("kvwatch_kv_cache_pressure", "state", KvPressure, BY_ENGINE), ENGINE_LEGEND)],
+        [
+            query(
+                ENGINE.state_code("kvwatch_kv_cache_pressure", "state", KvPressure, BY_ENGINE),
+                ENGINE_LEGEND,
+                no_data=NO_KV_GAUGE,
+            )
+        ],
         states=KvPressure,
     )
 
@@ -142,7 +169,11 @@ def seconds_to_full() -> JSON:
         "engine. No line while usage is flat or falling.",
         "Under a minute while requests keep arriving: expect an admission stall and preemptions "
         "shortly; shed or reroute load, or scale out now.",
-        [query(ENGINE.agg("min", "kvwatch_kv_cache_seconds_to_full", by=BY_ENGINE), ENGINE_LEGEND)],
+        [
+            query(
+                ENGINE.agg("min", "kvwatch_kv_cache_seconds_to_full", by=BY_ENGINE), ENGINE_LEGEND, no_data=NO_KV_GAUGE
+            )
+        ],
         unit="s",
         steps=thresholds(("red", None), ("orange", 60), ("green", 300)),
         threshold_style="dashed",
@@ -156,7 +187,13 @@ def prefix_hits() -> JSON:
         "Low while prompts share long prefixes (system prompt, RAG template): enable "
         "`--enable-prefix-caching`, keep the shared text at the start of the prompt and identical "
         "byte for byte, and route a conversation's turns to the same pod.",
-        [query(ENGINE.agg("max", "kvwatch_prefix_cache_hit_ratio", by=BY_ENGINE), ENGINE_LEGEND)],
+        [
+            query(
+                ENGINE.agg("max", "kvwatch_prefix_cache_hit_ratio", by=BY_ENGINE),
+                ENGINE_LEGEND,
+                no_data=NO_PREFIX_RATIO,
+            )
+        ],
         unit="percentunit",
         max_value=1,
     )
@@ -174,7 +211,11 @@ def concurrency_vs_running() -> JSON:
         "above the estimate only produces preemptions. To raise the estimate, shrink sequences "
         "or KV per token, or add memory.",
         [
-            query(ENGINE.agg("max", "kvwatch_estimated_max_concurrency", by=BY_ENGINE), "estimate · " + ENGINE_LEGEND),
+            query(
+                ENGINE.agg("max", "kvwatch_estimated_max_concurrency", by=BY_ENGINE),
+                "estimate · " + ENGINE_LEGEND,
+                no_data=NO_MAX_CONCURRENCY,
+            ),
             query(ENGINE.agg("max", "kvwatch_requests_running", by=BY_ENGINE), "running · " + ENGINE_LEGEND),
         ],
         unit="none",
@@ -213,7 +254,13 @@ def headroom() -> JSON:
         "Estimated max concurrency minus mean running requests, per engine (dashed line at 0).",
         "Trending toward 0: the next burst will queue on the KV cache. Below 0: requests are "
         "already being held back or preempted. Scale out or add KV capacity before it crosses.",
-        [query(ENGINE.agg("min", "kvwatch_concurrency_headroom", by=BY_ENGINE), ENGINE_LEGEND)],
+        [
+            query(
+                ENGINE.agg("min", "kvwatch_concurrency_headroom", by=BY_ENGINE),
+                ENGINE_LEGEND,
+                no_data=NO_MAX_CONCURRENCY,
+            )
+        ],
         unit="none",
         min_value=None,
         steps=thresholds(("red", None), ("green", 0)),
@@ -229,7 +276,13 @@ def sequence_tokens() -> JSON:
         "A jump (longer prompts, a client raising `max_tokens`) cuts concurrency in proportion: "
         "cap output with `max_tokens`, lower `--max-model-len`, or give the long-context traffic "
         "its own pool.",
-        [query(ENGINE.agg("max", "kvwatch_mean_sequence_tokens", by=BY_ENGINE), ENGINE_LEGEND)],
+        [
+            query(
+                ENGINE.agg("max", "kvwatch_mean_sequence_tokens", by=BY_ENGINE),
+                ENGINE_LEGEND,
+                no_data=NO_SEQUENCE_LENGTH,
+            )
+        ],
         unit=TOKENS,
     )
 
@@ -242,7 +295,7 @@ def lora_adapters() -> JSON:
         "Adapters waiting while fewer than `--max-loras` run: raise `--max-loras` (each slot costs "
         "memory, taken from the KV cache). Many distinct adapters in rotation: group traffic by "
         "adapter across pods.",
-        [query(ENGINE.agg("sum", "kvwatch_lora_adapters", by="state"), "{{state}}")],
+        [query(ENGINE.agg("sum", "kvwatch_lora_adapters", by="state"), "{{state}}", no_data=NO_LORA)],
         unit="none",
     )
 
@@ -259,6 +312,7 @@ def rejections() -> JSON:
             query(
                 ENGINE.agg("max", "kvwatch_rejections_per_second", by="namespace, pod, model_name, reason"),
                 "{{pod}} · {{model_name}} · {{reason}}",
+                no_data=NO_REJECTIONS,
             )
         ],
         unit="reqps",

@@ -7,11 +7,11 @@ a new state shows in every dashboard without an edit here."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from kvwatch.catalog import Bottleneck, KvPressure, Thresholds
-from kvwatch.engines import ENGINES, llamacpp, sglang, trtllm
+from kvwatch.engines import ENGINES, by_name, llamacpp, sglang, trtllm
 
 JSON = dict[str, Any]
 
@@ -91,11 +91,67 @@ ENGINE = Promql(POD.selector + ', model_name=~"$model_name"')
 
 
 # ---------------------------------------------------------------------------------------------------
+# Engines a query cannot show
+# ---------------------------------------------------------------------------------------------------
+
+# The engines every panel is run against on a real Prometheus (tests/test_dashboards_prometheus.py: a simulated
+# engine of each, scraped by kvwatch and by Prometheus). A query that has no data for one of them says why, in its
+# panel's description (``no_data``); the test fails on a query without data and without a reason, and on a reason
+# given for a query that has data. docs/dashboards.md's table is made from the same declarations.
+CHECKED_ENGINES = ("vllm", "sglang", "llamacpp")
+NoData = Mapping[str, str]  # engine name -> why the query has no data for that engine's pods (a phrase, no period)
+NO_DATA_HEADING = "**No data for:**"
+_NO_DATA_KEY = "_no_data"  # where query() keeps a declaration until _panel() writes it into the description
+_NO_DATA_LINE = re.compile(r"- (?P<engine>[^,:*]+?)(?:, (?P<names>\*[^*]+\*(?:, \*[^*]+\*)*))?: (?P<reason>.+)\.")
+
+# What an engine's /metrics lacks (docs/engines.md, docs/alerts.md "Fleet rules per engine"), or what kvwatch does not
+# read from it, as each panel that needs it states it.
+NO_KV_GAUGE: NoData = {"llamacpp": "exports no KV-cache gauge (current builds removed it in May 2025)"}
+NO_KV_SIZE: NoData = {"llamacpp": "exports no KV-cache size (`--ctx-size` is in `/slots` only) and no KV gauge"}
+NEVER_PREEMPTS: NoData = {"llamacpp": "never preempts (each slot keeps its own share of the context)"}
+NO_LATENCY_HISTOGRAMS: NoData = {"llamacpp": "exports no latency histograms"}
+NO_LIVE_GENERATION: NoData = {
+    "llamacpp": "counts generated tokens only as requests end (`tokens_predicted_total`): no throughput gap is judged"
+}
+NO_SEQUENCE_LENGTH: NoData = {
+    "sglang": "kvwatch reads no request lengths from it (not its optional `prompt_tokens_histogram` / "
+    "`generation_tokens_histogram`); the Fleet dashboard estimates the mean from its token counters",
+    "llamacpp": "exports no request lengths",
+}
+NO_MAX_CONCURRENCY: NoData = {
+    "sglang": "kvwatch reads no request lengths from it, so it has no estimated max concurrency",
+    "llamacpp": "exports no request lengths and no KV-cache size, so there is no estimated max concurrency",
+}
+NO_PREFIX_RATIO: NoData = {
+    "sglang": "exports a hit-rate gauge (`cache_hit_rate`), which kvwatch reads but does not export: its ratio is "
+    "computed from prefix-cache lookup and hit counters",
+    "llamacpp": "exports no prefix-cache lookup counters (kvwatch does not derive the ratio from "
+    "`prompt_tokens_cached_total`)",
+}
+NO_STEP_TOKENS: NoData = {
+    "sglang": "exports no tokens per step (vLLM's `iteration_tokens_total`) and not its budget, "
+    "`--chunked-prefill-size`",
+    "llamacpp": "exports no tokens per step and not its batch size, `--batch-size`",
+}
+NO_LORA: NoData = {
+    "sglang": "kvwatch does not read its LoRA pool gauges (`lora_pool_slots_used`, exported with LoRA only)",
+    "llamacpp": "exports no LoRA metrics",
+}
+NO_REJECTIONS: NoData = {
+    "sglang": "kvwatch reads no rejection count from it (its `num_aborted_requests_total` counts aborts of any cause)",
+    "llamacpp": "exports no count of requests turned away",
+}
+
+
+# ---------------------------------------------------------------------------------------------------
 # Panels
 # ---------------------------------------------------------------------------------------------------
 
 
-def query(expr: str, legend: str = "__auto", *, instant: bool = False, table: bool = False) -> JSON:
+def query(
+    expr: str, legend: str = "__auto", *, instant: bool = False, table: bool = False, no_data: NoData | None = None
+) -> JSON:
+    """One target. ``no_data``: the engines (``CHECKED_ENGINES``) it has no data for, and why."""
     q: JSON = {"datasource": DATASOURCE, "expr": expr, "legendFormat": legend}
     if table:
         q["format"] = "table"
@@ -103,6 +159,13 @@ def query(expr: str, legend: str = "__auto", *, instant: bool = False, table: bo
         q |= {"instant": True, "range": False}
     else:
         q |= {"instant": False, "range": True}
+    if no_data:
+        for engine, reason in no_data.items():
+            if engine not in CHECKED_ENGINES:
+                raise ValueError(f"no_data: {engine!r} is not one of the checked engines {CHECKED_ENGINES}")
+            if not reason or "\n" in reason or "*" in reason or reason.endswith("."):
+                raise ValueError(f"no_data[{engine!r}]: one phrase without newline, '*' or final period: {reason!r}")
+        q[_NO_DATA_KEY] = dict(no_data)
     return q
 
 
@@ -132,10 +195,35 @@ def metrics_in(exprs: list[str]) -> list[str]:
     return list(seen)
 
 
-def describe(what: str, todo: str, targets: list[JSON]) -> str:
+def describe(what: str, todo: str, targets: list[JSON], no_data: str = "") -> str:
     names = metrics_in([t["expr"] for t in targets])
     label = "Metric" if len(names) == 1 else "Metrics"
-    return f"{what}\n\n**If it looks bad:** {todo}\n\n{label}: " + ", ".join(f"`{n}`" for n in names)
+    middle = f"\n\n{no_data}" if no_data else ""
+    return f"{what}\n\n**If it looks bad:** {todo}{middle}\n\n{label}: " + ", ".join(f"`{n}`" for n in names)
+
+
+def _legend_name(target: JSON) -> str:
+    """How a reader finds a query in a panel: its legend's fixed text, else its query letter."""
+    fixed = target["legendFormat"].split("{{")[0].strip(" ·")
+    return fixed if fixed and fixed != "__auto" else f"query {target['refId']}"
+
+
+def _no_data_paragraph(targets: list[JSON], names: list[str]) -> str:
+    """The declarations of ``targets`` (taken out of them) as the description's "No data" paragraph: one line per
+    engine and reason, naming the queries unless it is all of them."""
+    lines: dict[tuple[str, str], list[str]] = {}
+    for target, name in zip(targets, names, strict=True):
+        for engine, reason in target.pop(_NO_DATA_KEY, {}).items():
+            lines.setdefault((engine, reason), []).append(name)
+    if not lines:
+        return ""
+    if len(set(names)) != len(names):
+        raise ValueError(f"queries named alike, a declaration could not be read back: {names}")
+    out = [NO_DATA_HEADING]
+    for (engine, reason), which in sorted(lines.items(), key=lambda kv: CHECKED_ENGINES.index(kv[0][0])):
+        queries = "" if len(which) == len(targets) else ", " + ", ".join(f"*{n}*" for n in which)
+        out.append(f"- {by_name(engine).title}{queries}: {reason}.")
+    return "\n".join(out)
 
 
 def thresholds(*steps: tuple[str, float | None]) -> JSON:
@@ -153,13 +241,17 @@ WAITING_STEPS = thresholds(("green", None), ("orange", 1))
 SLO_STEPS = thresholds(("red", None), ("orange", 0.9), ("green", 0.99))
 
 
-def _panel(kind: str, title: str, what: str, todo: str, targets: list[JSON], unit: str) -> JSON:
+def _panel(
+    kind: str, title: str, what: str, todo: str, targets: list[JSON], unit: str, names: list[str] | None = None
+) -> JSON:
+    """``names``: how the description names each query (a table's column names; default: ``_legend_name``)."""
     for i, t in enumerate(targets):
         t["refId"] = chr(ord("A") + i)
+    no_data = _no_data_paragraph(targets, names or [_legend_name(t) for t in targets])
     return {
         "type": kind,
         "title": title,
-        "description": describe(what, todo, targets),
+        "description": describe(what, todo, targets, no_data),
         "datasource": DATASOURCE,
         "targets": targets,
         "fieldConfig": {"defaults": {"unit": unit}, "overrides": []},
@@ -264,9 +356,10 @@ def stat(
     no_value: str = "no data",
     mappings: list[JSON] | None = None,
     decimals: int | None = None,
+    no_data: NoData | None = None,
 ) -> JSON:
     """The latest value of the selection with a sparkline. Coloured tiles carry a judgement."""
-    panel = _panel("stat", title, what, todo, [query(expr)], unit)
+    panel = _panel("stat", title, what, todo, [query(expr, no_data=no_data)], unit)
     defaults = panel["fieldConfig"]["defaults"]
     defaults |= {"color": {"mode": "thresholds"}, "thresholds": steps, "noValue": no_value}
     if mappings:
@@ -333,13 +426,17 @@ def table(
     *,
     column_overrides: list[JSON] | None = None,
     sort_by: str | None = None,
+    no_data: Mapping[str, NoData] | None = None,
 ) -> JSON:
     """A table of instant queries that share one label set, merged into one row per label set.
 
-    ``labels`` maps each label to its column name; ``columns`` are (name, PromQL, unit).
+    ``labels`` maps each label to its column name; ``columns`` are (name, PromQL, unit); ``no_data`` by column name.
     """
-    targets = [query(expr, instant=True, table=True) for _, expr, _ in columns]
-    panel = _panel("table", title, what, todo, targets, "none")
+    no_data = no_data or {}
+    if unknown := set(no_data) - {name for name, _, _ in columns}:
+        raise ValueError(f"no_data for columns the table does not have: {sorted(unknown)}")
+    targets = [query(expr, instant=True, table=True, no_data=no_data.get(name)) for name, expr, _ in columns]
+    panel = _panel("table", title, what, todo, targets, "none", names=[name for name, _, _ in columns])
     values = {f"Value #{chr(ord('A') + i)}": name for i, (name, _, _) in enumerate(columns)}
     order = list(labels) + list(values)
     panel["transformations"] = [
@@ -552,6 +649,34 @@ def panel_queries(dash: JSON) -> Iterator[tuple[JSON, JSON]]:
     for panel in iter_panels(dash):
         for target in panel.get("targets", []):
             yield panel, target
+
+
+def query_names(panel: JSON) -> dict[str, str]:
+    """refId -> how the panel's description names that query (a table's column, else ``_legend_name``)."""
+    renamed: dict[str, str] = {}
+    for step in panel.get("transformations", []):
+        if step["id"] == "organize":
+            renamed = step["options"]["renameByName"]
+    return {t["refId"]: renamed.get(f"Value #{t['refId']}") or _legend_name(t) for t in panel["targets"]}
+
+
+def no_data_of(panel: JSON) -> dict[tuple[str, str], str]:
+    """(engine name, refId) -> why that query has no data for that engine: the panel's declarations, read back from
+    its description (what a Grafana user reads too)."""
+    paragraphs = [p for p in panel.get("description", "").split("\n\n") if p.startswith(NO_DATA_HEADING)]
+    if not paragraphs:
+        return {}
+    titles = {by_name(e).title: e for e in CHECKED_ENGINES}
+    refs = {name: ref for ref, name in query_names(panel).items()}
+    out: dict[tuple[str, str], str] = {}
+    for line in paragraphs[0].splitlines()[1:]:
+        m = _NO_DATA_LINE.fullmatch(line)
+        if m is None or m["engine"] not in titles:
+            raise ValueError(f"{panel['title']}: not a declaration: {line!r}")
+        names = re.findall(r"\*([^*]+)\*", m["names"] or "") or list(refs)
+        for name in names:
+            out[(titles[m["engine"]], refs[name])] = m["reason"]
+    return out
 
 
 VARIABLE_RE = re.compile(r"\$\{(\w+)(?::[\w]+)?\}|\$(\w+)|\[\[(\w+)\]\]")

@@ -9,12 +9,16 @@ from grafana.common import (
     ENGINE,
     JSON,
     KV_STEPS,
+    NEVER_PREEMPTS,
     NO_FILL,
+    NO_KV_GAUGE,
+    NO_LIVE_GENERATION,
     THRESHOLDS,
     TOKENS,
     TOKENS_PER_S,
     WAITING_STEPS,
     Layout,
+    NoData,
     agg,
     dashboard,
     fixed_color,
@@ -64,6 +68,11 @@ NOT_ALL_ENGINES = (
     "preemptions: their rows and sums leave those out."
 )
 BY_POD_MODEL = "namespace, pod, model_name"
+# The fleet rules' own gaps for llama.cpp (docs/alerts.md, "Fleet rules per engine").
+NO_CAPACITY: NoData = {"llamacpp": "exports no KV-cache size (`--ctx-size` is in `/slots` only)"}
+NO_MAX_CONCURRENCY: NoData = {
+    "llamacpp": "exports no KV-cache size and no finished-request count: no estimated max concurrency"
+}
 POD_MODEL_LEGEND = "{{pod}} · {{model_name}}"
 
 
@@ -117,6 +126,7 @@ def kv_tiles() -> list[JSON]:
             ENGINE.agg("max", Fleet.kv_usage_max),
             unit="percentunit",
             steps=KV_STEPS,
+            no_data=NO_KV_GAUGE,
         ),
         stat(
             "Preemptions / s",
@@ -127,6 +137,7 @@ def kv_tiles() -> list[JSON]:
             ENGINE.agg("sum", Fleet.preemptions),
             unit="reqps",
             steps=ANY_IS_BAD,
+            no_data=NEVER_PREEMPTS,
         ),
         stat(
             "KV cache capacity",
@@ -136,6 +147,7 @@ def kv_tiles() -> list[JSON]:
             f"replicas or use an FP8 KV cache (twice the tokens in the same memory: {flags(Action.FP8_KV_CACHE)}).",
             ENGINE.agg("sum", Fleet.capacity_tokens),
             unit=TOKENS,
+            no_data=NO_CAPACITY,
         ),
     ]
 
@@ -151,7 +163,7 @@ def kv_heat_map() -> JSON:
         f"{THRESHOLDS.preemption_risk:.0%} (preemption risk). llama.cpp pods without a KV gauge have no row.",
         "Rows red while others stay green: the load balancer ignores KV pressure; route by queue "
         "length or KV usage. All rows red: the fleet is short of KV capacity; add replicas.",
-        [query(ENGINE.agg("max", Fleet.kv_usage_max, by=BY_POD_MODEL), POD_MODEL_LEGEND)],
+        [query(ENGINE.agg("max", Fleet.kv_usage_max, by=BY_POD_MODEL), POD_MODEL_LEGEND, no_data=NO_KV_GAUGE)],
         unit="percentunit",
         steps=KV_STEPS,
         max_value=1,
@@ -203,7 +215,11 @@ def capacity_vs_demand() -> JSON:
                 agg("sum", f"{ENGINE.sel(Fleet.running)} + {ENGINE.sel(Fleet.waiting)}"), "demand (running + waiting)"
             ),
             query(ENGINE.agg("sum", Fleet.running), "running"),
-            query(ENGINE.agg("sum", Fleet.max_concurrency), "capacity (estimated max concurrency)"),
+            query(
+                ENGINE.agg("sum", Fleet.max_concurrency),
+                "capacity (estimated max concurrency)",
+                no_data=NO_MAX_CONCURRENCY,
+            ),
         ],
         unit="none",
         overrides=[
@@ -227,7 +243,7 @@ def tokens() -> JSON:
         [
             query(ENGINE.agg("sum", Fleet.prompt_tokens), "prompt (computed)"),
             query(ENGINE.agg("sum", Fleet.generation_tokens), "generation"),
-            query(ENGINE.agg("sum", Fleet.throughput_gap), gap),
+            query(ENGINE.agg("sum", Fleet.throughput_gap), gap, no_data=NO_LIVE_GENERATION),
         ],
         unit=TOKENS_PER_S,
         overrides=throughput_gap_overrides("prompt (computed)", gap),

@@ -9,9 +9,11 @@ from grafana.common import (
     ENGINE_LEGEND,
     JSON,
     NO_FILL,
+    NO_LATENCY_HISTOGRAMS,
     RATE,
     SLO_STEPS,
     Layout,
+    NoData,
     agg,
     custom_variable,
     dashboard,
@@ -40,6 +42,7 @@ QUANTILES = [("0.5", "p50", "light-blue"), ("0.9", "p90", "blue"), ("0.99", "p99
 SLO_THRESHOLD = "kvwatch:slo_ttft_p99_threshold:seconds"
 SLO_OBJECTIVE = "kvwatch:slo_ttft_objective:ratio"
 SLO_ERRORS = "engine:kvwatch_ttft_slo_errors:ratio_avg{}"
+NO_TTFT_P99: NoData = {"llamacpp": "exports no TTFT histogram: kvwatch has no p99 TTFT for the SLO rules to judge"}
 
 
 def p99(metric: str, by: str = "") -> str:
@@ -86,7 +89,10 @@ def quantile_panel(title: str, metric: str, what: str, todo: str, extra: tuple[t
         title,
         what + " Worst engine of the selection, over kvwatch's window.",
         todo,
-        [query(ENGINE.agg("max", metric, f'quantile="{q}"'), legend) for q, legend, _ in QUANTILES]
+        [
+            query(ENGINE.agg("max", metric, f'quantile="{q}"'), legend, no_data=NO_LATENCY_HISTOGRAMS)
+            for q, legend, _ in QUANTILES
+        ]
         + [query(expr, legend) for expr, legend, _ in extra],
         unit="s",
         overrides=[override(legend, fixed_color(color)) for _, legend, color in QUANTILES]
@@ -108,6 +114,7 @@ def quantile_tiles() -> list[JSON]:
             "enable chunked prefill / prefix caching.",
             p99("kvwatch_time_to_first_token_seconds"),
             unit="s",
+            no_data=NO_LATENCY_HISTOGRAMS,
         ),
         stat(
             "Inter-token latency p99",
@@ -116,6 +123,7 @@ def quantile_tiles() -> list[JSON]:
             "`--max-num-batched-tokens`, or fewer concurrent sequences (`--max-num-seqs`).",
             p99("kvwatch_inter_token_latency_seconds"),
             unit="s",
+            no_data=NO_LATENCY_HISTOGRAMS,
         ),
         stat(
             "Queue time p99",
@@ -124,6 +132,7 @@ def quantile_tiles() -> list[JSON]:
             "(KV cache, max_num_seqs or token budget) and what to change.",
             p99("kvwatch_queue_time_seconds"),
             unit="s",
+            no_data=NO_LATENCY_HISTOGRAMS,
         ),
     ]
 
@@ -140,6 +149,7 @@ def slo_tiles() -> list[JSON]:
             TTFT_SLO,
             unit="percentunit",
             steps=SLO_STEPS,
+            no_data=NO_LATENCY_HISTOGRAMS,
         ),
         stat(
             "ITL SLO attainment",
@@ -151,6 +161,7 @@ def slo_tiles() -> list[JSON]:
             ITL_SLO,
             unit="percentunit",
             steps=SLO_STEPS,
+            no_data=NO_LATENCY_HISTOGRAMS,
         ),
     ]
 
@@ -199,7 +210,10 @@ def slo_attainment_panel() -> JSON:
         "bound is left out; llama.cpp exports no histograms). No line while there is no traffic.",
         "Dips line up with queueing (see *Queue time* and the Overview bottleneck): fix the "
         "binding limit, or add replicas if every limit is already tuned.",
-        [query(TTFT_SLO, "TTFT ≤ ${ttft_slo}s"), query(ITL_SLO, "ITL ≤ ${itl_slo}s")],
+        [
+            query(TTFT_SLO, "TTFT ≤ ${ttft_slo}s", no_data=NO_LATENCY_HISTOGRAMS),
+            query(ITL_SLO, "ITL ≤ ${itl_slo}s", no_data=NO_LATENCY_HISTOGRAMS),
+        ],
         unit="percentunit",
         max_value=1,
         steps=SLO_STEPS,
@@ -212,7 +226,7 @@ def ttft_by_engine() -> JSON:
         "99th percentile time to first token of each engine, to find the outlier.",
         "One engine far above the others: check its bottleneck on the Overview dashboard (one "
         "replica can be KV-bound while others idle: fix the routing / load balancing).",
-        [query(p99("kvwatch_time_to_first_token_seconds", by=BY_ENGINE), ENGINE_LEGEND)],
+        [query(p99("kvwatch_time_to_first_token_seconds", by=BY_ENGINE), ENGINE_LEGEND, no_data=NO_LATENCY_HISTOGRAMS)],
         unit="s",
         legend="table",
     )
@@ -228,8 +242,8 @@ def alerted_slo() -> JSON:
         "it means the error budget is going. Find the cause with the Overview dashboard's "
         "bottleneck and queue time, then apply its recommendation.",
         [
-            query(f"1 - {ENGINE.sel(SLO_ERRORS.format('5m'))}", "5m · " + ENGINE_LEGEND),
-            query(f"1 - {ENGINE.sel(SLO_ERRORS.format('1h'))}", "1h · " + ENGINE_LEGEND),
+            query(f"1 - {ENGINE.sel(SLO_ERRORS.format('5m'))}", "5m · " + ENGINE_LEGEND, no_data=NO_TTFT_P99),
+            query(f"1 - {ENGINE.sel(SLO_ERRORS.format('1h'))}", "1h · " + ENGINE_LEGEND, no_data=NO_TTFT_P99),
             query(agg("max", SLO_OBJECTIVE), "objective"),
         ],
         unit="percentunit",

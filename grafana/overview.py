@@ -12,7 +12,12 @@ from grafana.common import (
     ENGINE_LEGEND,
     JSON,
     KV_STEPS,
+    NEVER_PREEMPTS,
     NO_FILL,
+    NO_KV_GAUGE,
+    NO_LIVE_GENERATION,
+    NO_MAX_CONCURRENCY,
+    NO_STEP_TOKENS,
     POD,
     RANGE,
     TARGET_KEY,
@@ -113,6 +118,7 @@ def max_kv_usage() -> JSON:
         ENGINE.agg("max", "kvwatch_kv_cache_usage_ratio"),
         unit="percentunit",
         steps=KV_STEPS,
+        no_data=NO_KV_GAUGE,
     )
 
 
@@ -127,6 +133,7 @@ def preemptions() -> JSON:
         ENGINE.agg("sum", "kvwatch_preemptions_per_second"),
         unit="reqps",
         steps=ANY_IS_BAD,
+        no_data=NEVER_PREEMPTS,
     )
 
 
@@ -191,6 +198,12 @@ def recommendations() -> JSON:
         ],
         column_overrides=[color_cells("Peak KV usage", KV_STEPS), color_cells("Peak preemptions / s", ANY_IS_BAD)],
         sort_by="Active",
+        no_data={
+            "Peak KV usage": NO_KV_GAUGE,
+            "Peak preemptions / s": NEVER_PREEMPTS,
+            "Throughput gap": NO_LIVE_GENERATION,
+            "Min headroom": NO_MAX_CONCURRENCY,
+        },
     )
 
 
@@ -207,7 +220,7 @@ def kv_usage() -> JSON:
         "prefix caching, a lower `--max-model-len`, more `--gpu-memory-utilization`, or another "
         "replica. If you changed `--admission-stall-threshold` / `--preemption-risk-threshold`, the "
         "lines show the defaults, not your values.",
-        [query(ENGINE.agg("max", "kvwatch_kv_cache_usage_ratio", by=BY_ENGINE), ENGINE_LEGEND)],
+        [query(ENGINE.agg("max", "kvwatch_kv_cache_usage_ratio", by=BY_ENGINE), ENGINE_LEGEND, no_data=NO_KV_GAUGE)],
         unit="percentunit",
         max_value=1,
         steps=KV_STEPS,
@@ -230,7 +243,7 @@ def throughput_gap() -> JSON:
         [
             query(ENGINE.agg("sum", "kvwatch_prompt_tokens_per_second"), "prompt (prefill)"),
             query(ENGINE.agg("sum", "kvwatch_generation_tokens_per_second"), "generation"),
-            query(ENGINE.agg("sum", "kvwatch_throughput_gap"), gap),
+            query(ENGINE.agg("sum", "kvwatch_throughput_gap"), gap, no_data=NO_LIVE_GENERATION),
         ],
         unit=TOKENS_PER_S,
         overrides=throughput_gap_overrides("prompt (prefill)", gap),
@@ -250,7 +263,11 @@ def running_vs_ceilings() -> JSON:
             query(ENGINE.agg("sum", "kvwatch_requests_running"), "running"),
             query(ENGINE.agg("sum", "kvwatch_requests_waiting"), "waiting"),
             query(agg("sum", ENGINE.agg("max", "kvwatch_max_num_seqs", by=BY_ENGINE)), "max_num_seqs"),
-            query(ENGINE.agg("sum", "kvwatch_estimated_max_concurrency"), "estimated max concurrency"),
+            query(
+                ENGINE.agg("sum", "kvwatch_estimated_max_concurrency"),
+                "estimated max concurrency",
+                no_data=NO_MAX_CONCURRENCY,
+            ),
         ],
         unit="none",
         overrides=[
@@ -270,7 +287,11 @@ def preemptions_by_engine() -> JSON:
         "Preemptions mean the running batch outgrew the KV cache: lower `--max-num-seqs`, shorten "
         "`--max-model-len`, use an FP8 KV cache, or add a replica. Occasional single spikes at "
         "saturation are tolerable; a steady rate wastes compute.",
-        [query(ENGINE.agg("max", "kvwatch_preemptions_per_second", by=BY_ENGINE), ENGINE_LEGEND)],
+        [
+            query(
+                ENGINE.agg("max", "kvwatch_preemptions_per_second", by=BY_ENGINE), ENGINE_LEGEND, no_data=NEVER_PREEMPTS
+            )
+        ],
         unit="reqps",
     )
 
@@ -284,10 +305,11 @@ def step_tokens() -> JSON:
         "prefill is throttled by the budget: raise `--max-num-batched-tokens` (at the cost of "
         "inter-token latency of running requests while long prompts prefill).",
         [
-            query(ENGINE.agg("max", "kvwatch_engine_step_tokens", by=BY_ENGINE), ENGINE_LEGEND),
+            query(ENGINE.agg("max", "kvwatch_engine_step_tokens", by=BY_ENGINE), ENGINE_LEGEND, no_data=NO_STEP_TOKENS),
             query(
                 ENGINE.agg("max", "kvwatch_max_num_batched_tokens", by=BY_ENGINE),
                 "budget · {{pod}} · engine {{engine}}",
+                no_data=NO_STEP_TOKENS,
             ),
         ],
         unit=TOKENS,

@@ -213,7 +213,9 @@ def test_panel_types_units_descriptions_and_layout():
         assert panel["type"] in ALLOWED_PANEL_TYPES, where
         assert panel["fieldConfig"]["defaults"].get("unit"), f"{where} has no unit"
         desc = panel["description"]
-        what, todo, metrics = desc.split("\n\n")
+        what, todo, *no_data, metrics = desc.split("\n\n")
+        # between them, the engines a query has no data for and why (grafana.common.no_data_of reads it)
+        assert len(no_data) <= 1 and all(p.startswith(common.NO_DATA_HEADING) for p in no_data), where
         assert len(what) > 40, f"{where}: say what the panel shows"
         assert todo.startswith("**If it looks bad:** ") and len(todo) > 60, f"{where}: say what to do"
         # the description names every metric the panel queries
@@ -221,6 +223,44 @@ def test_panel_types_units_descriptions_and_layout():
             assert f"`{n}`" in metrics, f"{where}: description does not name {n}"
         refids = [t["refId"] for t in panel["targets"]]
         assert len(refids) == len(set(refids)), where
+
+
+def test_no_data_reasons_read_back_as_declared():
+    """A query's ``no_data`` (engine -> reason) is written into its panel's description, naming the query unless it
+    is all of them, and ``no_data_of`` reads back exactly what was declared."""
+    reason = {"llamacpp": "exports no such gauge"}
+    panel = common.timeseries(
+        "Title",
+        "What the panel shows, long enough to say something.",
+        "What to do, long enough to say something useful to the reader.",
+        [
+            common.query("kvwatch_up", "up · {{pod}}"),
+            common.query("kvwatch_kv_cache_usage_ratio", "{{pod}}", no_data=reason | {"sglang": "another reason"}),
+        ],
+        unit="none",
+    )
+    assert "- llama.cpp, *query B*: exports no such gauge." in panel["description"]
+    assert "- SGLang, *query B*: another reason." in panel["description"]
+    assert common.no_data_of(panel) == {("llamacpp", "B"): reason["llamacpp"], ("sglang", "B"): "another reason"}
+    assert all("_no_data" not in t for t in panel["targets"])  # nothing but the description carries it
+    tile = common.stat("Tile", "What it shows, long enough.", "What to do.", "kvwatch_up", unit="none", no_data=reason)
+    assert "- llama.cpp: exports no such gauge." in tile["description"]
+    assert common.no_data_of(tile) == {("llamacpp", "A"): reason["llamacpp"]}
+    columns = [("Up", "kvwatch_up", "none"), ("Peak KV", "kvwatch_kv_cache_usage_ratio", "percentunit")]
+    tbl = common.table("T", "What.", "Do.", {"pod": "Pod"}, columns, no_data={"Peak KV": reason})
+    assert "- llama.cpp, *Peak KV*: exports no such gauge." in tbl["description"]
+    assert common.no_data_of(tbl) == {("llamacpp", "B"): reason["llamacpp"]}
+    for bad in ({"trtllm": "not a checked engine"}, {"llamacpp": "ends with a period."}, {"llamacpp": ""}):
+        with pytest.raises(ValueError):
+            common.query("kvwatch_up", no_data=bad)
+
+
+def test_every_no_data_reason_reads_back():
+    """Every panel's "No data for" list parses (engines checked, queries named as the panel names them)."""
+    stated = {(name, p["title"]): common.no_data_of(p) for name, p in all_panels()}
+    assert sum(map(len, stated.values())) >= 40
+    assert stated[("kvwatch-latency", "TTFT p99")] == {("llamacpp", "A"): "exports no latency histograms"}
+    assert not any(e == "vllm" for reasons in stated.values() for e, _ in reasons)
 
 
 def test_tables_query_instant_and_everything_else_range():

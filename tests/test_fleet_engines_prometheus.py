@@ -4,10 +4,11 @@ A real llama.cpp server's captures under load (tests/fixtures/engines/llamacpp/c
 busy, requests deferred) and an SGLang exposition written from its collector's source (tests/fixtures/engines/sglang,
 two data-parallel ranks, its counters moving) are served over HTTP; the real Prometheus scrapes both with the labels
 Kubernetes would add and evaluates the shipped rules (alerts/, unmodified). Every Fleet panel then has data for each
-pod, or the reason it cannot is the engine's: llama.cpp exports no KV gauge, no context size, no preemption, no
-finished-request count and no live token counter (docs/alerts.md, "Fleet rules per engine"). The llama.cpp pod is
-never called KV- or token-budget bound. The vLLM side: tests/test_dashboards_prometheus.py and
-tests/test_recording_rules_pipeline.py.
+pod, or the panel states the reason it cannot (``no_data`` in grafana/fleet.py, the reasons
+tests/test_dashboards_prometheus.py checks on the simulator): llama.cpp exports no KV gauge, no context size, no
+preemption, no finished-request count and no live token counter (docs/alerts.md, "Fleet rules per engine"); a stated
+reason for a query that has data fails too. The llama.cpp pod is never called KV- or token-budget bound. The vLLM
+side: tests/test_dashboards_prometheus.py and tests/test_recording_rules_pipeline.py.
 """
 
 from __future__ import annotations
@@ -20,25 +21,16 @@ import pytest
 
 import grafana
 from grafana import common
+from tests.helpers.dashboards import RATE_INTERVAL, STEP, grafana_regex_escape, has_data, recording_rule_files
 from tests.helpers.fake_vllm import FakeVllm
 from tests.helpers.prometheus import Prometheus
 from tests.helpers.recordings import recording
-from tests.test_dashboards_prometheus import RATE_INTERVAL, STEP, grafana_regex_escape, has_data, recording_rule_files
 
 pytestmark = [pytest.mark.pipeline, pytest.mark.slow, pytest.mark.timeout(600)]
 
 ENGINES = Path(__file__).resolve().parent / "fixtures" / "engines"
 NAMESPACE = "llm"
 LLAMA_POD, SGLANG_POD = "llama-0", "sglang-0"
-# Fleet panels (title, refId) a llama.cpp pod cannot fill, and why (its /metrics, FAMILIES.md).
-LLAMA_CANNOT = {
-    ("Max KV cache usage", "A"): "no KV gauge since May 2025",
-    ("KV cache usage by pod (heat map)", "A"): "no KV gauge since May 2025",
-    ("KV cache capacity", "A"): "--ctx-size is not in /metrics",
-    ("Preemptions / s", "A"): "llama.cpp never preempts",
-    ("Capacity vs demand", "C"): "no capacity and no finished-request count: no estimated max concurrency",
-    ("Prompt vs generation tokens / s", "C"): "generated tokens are counted as requests end: no throughput gap",
-}
 COUNTER = re.compile(r"^(sglang:\S+_total(?:\{[^}]*\})?) (\S+)$", re.M)
 
 
@@ -61,6 +53,12 @@ def sglang_recording(folder: Path, seconds: int = 30) -> list[tuple[float, Path]
 def fleet_queries() -> list[tuple[str, str, str]]:
     dash = grafana.build_all()["kvwatch-fleet"]
     return [(p["title"], t["refId"], t["expr"]) for p, t in common.panel_queries(dash)]
+
+
+def cannot(engine: str) -> set[tuple[str, str]]:
+    """The Fleet queries (title, refId) whose panel states that ``engine`` cannot fill them."""
+    dash = grafana.build_all()["kvwatch-fleet"]
+    return {(p["title"], ref) for p in common.iter_panels(dash) for e, ref in common.no_data_of(p) if e == engine}
 
 
 def has_data_for(prom: Prometheus, expr: str, pod: str, start: float) -> bool:
@@ -112,9 +110,10 @@ def test_fleet_rules_and_dashboard_for_sglang_and_llamacpp_pods(tmp_path):
                 for pod in (LLAMA_POD, SGLANG_POD):
                     (filled if has_data_for(prom, expr, pod, start) else empty).append((pod, title, ref))
             llama_empty = {(t, r) for p, t, r in empty if p == LLAMA_POD}
-            sglang_empty = [(t, r) for p, t, r in empty if p == SGLANG_POD]
-            assert sglang_empty == [], sglang_empty
-            assert llama_empty == set(LLAMA_CANNOT), llama_empty ^ set(LLAMA_CANNOT)
+            sglang_empty = {(t, r) for p, t, r in empty if p == SGLANG_POD}
+            assert sglang_empty == cannot("sglang"), sglang_empty ^ cannot("sglang")
+            assert llama_empty == cannot("llamacpp"), llama_empty ^ cannot("llamacpp")
+            assert llama_empty, "the Fleet panels state what llama.cpp cannot fill"
             # SGLang: one engine per data-parallel rank (the exposition's two), its tensor ranks not added.
             ranks = prom.query(f'engine:vllm_num_requests_running:avg1m{{pod="{SGLANG_POD}"}}')
             running = sorted((r["metric"].get("dp_rank"), float(r["value"][1])) for r in ranks)

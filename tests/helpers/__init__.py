@@ -10,6 +10,8 @@
 - ``tests.helpers.prometheus``: the real ``prometheus`` / ``alertmanager`` binaries and ``python -m kvwatch``
   as ``Process``es on free ports (start, wait ready, query, stop), plus ``WebhookReceiver`` (local stand-in
   for Slack / PagerDuty / heartbeat endpoints).
+- ``tests.helpers.dashboards``: the dashboards' queries run as Grafana runs them (variables resolved by their
+  ``label_values`` queries, ``$__rate_interval``, ``$__range``) against a real Prometheus; the rule files of alerts/.
 
 See each module's docstring for the API. Import from the module: ``from tests.helpers.process import Process``.
 """
