@@ -189,6 +189,7 @@ SENTENCES: dict[str, str] = {
     ),
     "no_progress": "{present!n} requests present ({running!n} running, {waiting!n} waiting) and no token produced for {seconds:.0f} s",
     "nothing_present": "no request running or waiting",
+    "no_request_counts": "the engine's metrics carry no count of running or waiting requests: whether requests wait is unknown",
     "serving": "{running!n} running, none waiting{kv_text}",
     "kv_fetch_waiting": (
         "{fetching!n} of {waiting!n} waiting requests wait for their KV from the prefill side ({waiting_to_start!n} "
@@ -442,7 +443,12 @@ def slot_context_full(s: Signals, hints: Hints, th: Thresholds) -> Verdict | Non
 
 
 def no_queue(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
-    """Nothing waits: ``idle`` if nothing ran in the window either, else ``none``."""
+    """Nothing waits: ``idle`` if nothing ran in the window either, else ``none``. Neither when the snapshot counts no
+    requests at all (a missing gauge is unknown, not zero): SGLang's documented example dump, as published, carries
+    its KV gauge and token counters and no request gauge (tests/fixtures/engines/sglang/published/
+    docs-production-metrics.prom), as did v0.3.5's dumps read with today's names."""
+    if s.queue.running is None and s.queue.waiting is None:
+        return Verdict(Bottleneck.UNDETERMINED, [("no_request_counts", {})], confidence=LOW, reason="no request counts")
     if _waiting(s) > 0:
         return None
     if _idle(s):

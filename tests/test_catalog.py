@@ -20,7 +20,7 @@ from kvwatch.engines import ENGINES
 from kvwatch.engines.vllm import ENGINE as VLLM
 from kvwatch.export import KvwatchCollector
 from kvwatch.state import Target
-from kvwatch.window import Signals
+from kvwatch.window import QueueSignals, Signals
 from tests.helpers.recordings import FIXTURES
 
 REPO = Path(__file__).resolve().parents[1]
@@ -144,7 +144,11 @@ def test_every_bottleneck_is_reachable_by_a_rule_and_sentences_are_used():
     assert named == set(Bottleneck) - {Bottleneck.UNREACHABLE}
     for key in SENTENCES:
         assert f'"{key}"' in source.replace(f'"{key}": ', "", 1), f"sentence {key!r} is never said"
-    assert diagnose_engine(Signals("m", "0", 0.0, 1, 0.0), Hints(), Thresholds()).bottleneck is Bottleneck.IDLE
+    nothing = Signals("m", "0", 0.0, 1, 0.0, queue=QueueSignals(running=0.0, waiting=0.0))
+    assert diagnose_engine(nothing, Hints(), Thresholds()).bottleneck is Bottleneck.IDLE
+    # No request count at all is unknown, not zero (SGLang's published docs dump: KV and tokens, no request gauge).
+    unknown = diagnose_engine(Signals("m", "0", 0.0, 1, 0.0), Hints(), Thresholds())
+    assert unknown.bottleneck is Bottleneck.UNDETERMINED
 
 
 def test_docs_tables_are_generated_from_the_catalogue():
