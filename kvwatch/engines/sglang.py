@@ -22,8 +22,12 @@ What SGLang exports, and what it means here:
 - Labels: ``model_name`` (``name`` in old builds), then ``engine_type``, ``tp_rank``, ``pp_rank``, ``dp_rank``,
   ``moe_ep_rank``; series of one data-parallel rank are one engine; tensor/pipeline ranks of it report the same
   scheduler and are not added (the maximum is kept). ``priority`` series other than "" are parts of the total.
-SGLang exports no configured ceiling (``--max-running-requests``) nor step budget (``--chunked-prefill-size``): they
-are inferred as for vLLM, or given as hints, and the evidence says which.
+- The first builds with metrics (PR sgl-project/sglang#1853, Nov 2024, v0.3.5 era) named the scheduler's gauges
+  ``num_requests_running`` / ``num_requests_waiting`` and exported its configuration: ``max_running_requests`` (the
+  running-request ceiling, read as configured) beside ``max_total_num_tokens`` (tests/fixtures/engines/sglang/
+  published/pr1853-v035-review.prom).
+Later builds export no configured ceiling (``--max-running-requests``) nor step budget (``--chunked-prefill-size``):
+they are inferred as for vLLM, or given as hints, and the evidence says which.
 """
 
 from __future__ import annotations
@@ -46,6 +50,10 @@ GAUGES: dict[str, Gauge] = {
     _P + "cache_hit_rate": Gauge.PREFIX_CACHE_HIT_RATE,
     _P + "num_decode_prealloc_queue_reqs": kv_fetch_gauge("waiting_to_start"),
     _P + "num_decode_transfer_queue_reqs": kv_fetch_gauge("in_progress"),
+    # The first metrics builds' names (python/sglang/srt/metrics/metrics_collector.py of PR #1853; its published dump,
+    # published/pr1853-v035-review.prom, carries that collector's max_running_requests and context_len).
+    _P + "num_requests_running": Gauge.REQUESTS_RUNNING,
+    _P + "num_requests_waiting": Gauge.REQUESTS_WAITING,
 }
 # Gauges that are also waiting requests (the KV-fetch stages wait too, as vLLM counts them).
 _ALSO_WAITING = (_P + "num_decode_prealloc_queue_reqs", _P + "num_decode_transfer_queue_reqs")
@@ -59,12 +67,13 @@ REALTIME = _P + "realtime_tokens"  # {mode}: prefill_compute, prefill_cache, dec
 CACHED = _P + "cached_tokens"
 POOL = _P + "max_total_num_tokens"
 LORA_USED, LORA_TOTAL = _P + "lora_pool_slots_used", _P + "lora_pool_slots_total"
+CEILING = _P + "max_running_requests"  # first builds only: the running-request ceiling (2231 in #1853's dump)
 HISTOGRAMS: dict[str, Hist] = {
     _P + "time_to_first_token_seconds": Hist.TIME_TO_FIRST_TOKEN_SECONDS,
     _P + "inter_token_latency_seconds": Hist.INTER_TOKEN_LATENCY_SECONDS,
     _P + "queue_time_seconds": Hist.QUEUE_TIME_SECONDS,
 }
-KEEP_FAMILIES = frozenset([*GAUGES, *COUNTERS, *HISTOGRAMS, REALTIME, CACHED, POOL, LORA_USED, LORA_TOTAL])
+KEEP_FAMILIES = frozenset([*GAUGES, *COUNTERS, *HISTOGRAMS, REALTIME, CACHED, POOL, CEILING, LORA_USED, LORA_TOTAL])
 _MODEL, _RANK = "model_name", "dp_rank"
 
 
@@ -101,6 +110,7 @@ def read(families: dict[str, Family], max_engines: int = 64) -> dict[tuple[str, 
             read_histograms(canon, _relabelled(fam), snap, out, (_MODEL, _RANK))
     _apply_pool(families.get(POOL), snap)
     _apply_lora(families.get(LORA_USED), families.get(LORA_TOTAL), snap)
+    _apply_ceiling(families.get(CEILING), snap)
     return out
 
 
@@ -186,6 +196,14 @@ def _apply_lora(used: Family | None, total: Family | None, snap) -> None:
             s = snap(labels)
             s.max_lora = max(s.max_lora or 0, int(smp.value))
             s.lora_running = max(s.lora_running or 0, int(adapters[key]))
+
+
+def _apply_ceiling(fam: Family | None, snap) -> None:
+    """The first builds' ``max_running_requests``: the ceiling the scheduler runs with (``--max-running-requests``, or the one
+    it derived from the pool), so the rules read it as configured, not inferred."""
+    for smp in fam.samples if fam is not None else ():
+        if math.isfinite(smp.value) and smp.value > 0:
+            snap(_key_labels(smp.labels)).max_running_requests = int(smp.value)
 
 
 def recognise(name: str) -> bool:
