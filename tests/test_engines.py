@@ -101,6 +101,19 @@ def test_sglang_old_name_label_is_the_model():
     assert key == ("/models/llama", "0")
 
 
+def test_sglang_first_builds_request_gauges_and_exported_ceiling_are_read_as_configured():
+    # The first metrics builds (sgl-project/sglang PR #1853, v0.3.5) named the request gauges num_requests_running /
+    # _waiting and exported the scheduler's max_running_requests; written from that PR's collector, labels as then.
+    body = (
+        '# TYPE sglang:num_requests_running gauge\nsglang:num_requests_running{name="m"} 2231\n'
+        '# TYPE sglang:num_requests_waiting gauge\nsglang:num_requests_waiting{name="m"} 40\n'
+        '# TYPE sglang:max_running_requests gauge\nsglang:max_running_requests{name="m"} 2231\n'
+    )
+    (snap,) = read("sglang", body).values()
+    assert snap.gauges == {Gauge.REQUESTS_RUNNING: 2231, Gauge.REQUESTS_WAITING: 40}
+    assert snap.max_running_requests == 2231
+
+
 def _lora_pool(rank: str, tp: str, used: float | None, total: float | None) -> str:
     labels = f'dp_rank="{rank}",engine_type="unified",model_name="m",pp_rank="0",tp_rank="{tp}"'
     lines = [f"sglang:num_running_reqs{{{labels}}} 8"]
