@@ -290,9 +290,11 @@ def sequence_tokens() -> JSON:
 def lora_adapters() -> JSON:
     return timeseries(
         "LoRA adapters",
-        "LoRA adapters with running and with waiting requests (vLLM's `lora_requests_info`), summed "
-        "over the selected engines. Present only for servers started with `--enable-lora`.",
-        "Adapters waiting while fewer than `--max-loras` run: raise `--max-loras` (each slot costs "
+        "LoRA adapters with running and with waiting requests (vLLM's `lora_requests_info`; SGLang's "
+        "`lora_pool_slots_used` as running only, it does not say which adapters wait), summed over the "
+        "selected engines. Present only for servers started with LoRA enabled.",
+        "Adapters waiting while fewer than `--max-loras` run, or SGLang's pool full: raise `--max-loras` "
+        "(SGLang: `--max-loras-per-batch`; each slot costs "
         "memory, taken from the KV cache). Many distinct adapters in rotation: group traffic by "
         "adapter across pods.",
         [query(ENGINE.agg("sum", "kvwatch_lora_adapters", by="state"), "{{state}}", no_data=NO_LORA)],

@@ -133,10 +133,7 @@ NO_STEP_TOKENS: NoData = {
     "`--chunked-prefill-size`",
     "llamacpp": "exports no tokens per step and not its batch size, `--batch-size`",
 }
-NO_LORA: NoData = {
-    "sglang": "kvwatch does not read its LoRA pool gauges (`lora_pool_slots_used`, exported with LoRA only)",
-    "llamacpp": "exports no LoRA metrics",
-}
+NO_LORA: NoData = {"llamacpp": "exports no LoRA metrics"}
 NO_REJECTIONS: NoData = {
     "sglang": "kvwatch reads no rejection count from it (its `num_aborted_requests_total` counts aborts of any cause)",
     "llamacpp": "exports no count of requests turned away",
