@@ -22,17 +22,10 @@ from kvwatch.scrape import FetchConfig, Fetcher, ScrapeError
 from kvwatch.snapshot import MAX_LABEL_CHARS, OVERFLOW
 from tests.fault_table import ALL, UPSTREAM
 from tests.helpers.fake_vllm import FakeVllm, bomb
+from tests.helpers.monitor import Clock
 from tests.helpers.recordings import captures
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-class Clock:
-    def __init__(self, t=1000.0):
-        self.t = t
-
-    def __call__(self):
-        return self.t
 
 
 def render(monitor) -> dict:

@@ -13,17 +13,10 @@ from kvwatch.catalog import ScrapeReason
 from kvwatch.cli import render_text
 from kvwatch.config import load_settings
 from tests.helpers.fake_vllm import FakeVllm
+from tests.helpers.monitor import Clock, kvwatch_lines, open_monitor, scrape
 from tests.helpers.ports import free_port
 
 NETWORK = {ScrapeReason.CONNECT, ScrapeReason.TIMEOUT}
-
-
-class Clock:
-    def __init__(self, t=1000.0):
-        self.t = t
-
-    def __call__(self):
-        return self.t
 
 
 @pytest.fixture
@@ -34,44 +27,28 @@ async def upstream():
         yield up
 
 
-async def _monitor(url: str) -> Monitor:
-    m = Monitor(load_settings(target=[url], interval=1.0, timeout=0.5, stale_after=5.0), clock=Clock())
-    m.open()
-    return m
-
-
-async def _scrape(m: Monitor, n: int = 1) -> None:
-    for _ in range(n):
-        m.clock.t += 1
-        await m.scrape_once(m.settings.target[0])
-
-
-def _lines(caplog, level: int) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "kvwatch" and r.levelno == level]
-
-
 async def test_a_target_that_never_answers_is_logged_at_its_first_failure(caplog):
     caplog.set_level(logging.INFO, logger="kvwatch")
     dead = f"http://127.0.0.1:{free_port()}/metrics"
-    m = await _monitor(dead)
+    m = open_monitor(dead)
     try:
-        await _scrape(m, 4)
+        await scrape(m, 4)
     finally:
         await m.stop()
-    warnings = _lines(caplog, logging.WARNING)
+    warnings = kvwatch_lines(caplog, logging.WARNING)
     assert len(warnings) == 1, warnings  # the first failure, not one a scrape
     assert dead in warnings[0] and "(connect)" in warnings[0] and "unreachable" in warnings[0], warnings
 
 
 async def test_the_log_follows_changes_of_state_not_scrapes(caplog, upstream):
     caplog.set_level(logging.INFO, logger="kvwatch")
-    m = await _monitor(upstream.url)
+    m = open_monitor(upstream.url)
     events = []
 
     async def step(mode: str, n: int) -> None:
         upstream.mode = mode
         before = len(caplog.records)
-        await _scrape(m, n)
+        await scrape(m, n)
         events.append([(r.levelname, r.getMessage()) for r in caplog.records[before:] if r.name == "kvwatch"])
 
     upstream.status = 404
@@ -104,9 +81,9 @@ async def test_the_log_follows_changes_of_state_not_scrapes(caplog, upstream):
 )
 async def test_each_failure_has_its_own_words_and_keeps_its_label(upstream, mode, reason, words):
     upstream.mode, upstream.status, upstream.delay = mode, 404, 5.0
-    m = await _monitor(upstream.url)
+    m = open_monitor(upstream.url)
     try:
-        await _scrape(m)
+        await scrape(m)
     finally:
         await m.stop()
     t = m.targets[upstream.url]
@@ -123,9 +100,9 @@ async def test_each_failure_has_its_own_words_and_keeps_its_label(upstream, mode
 
 async def test_a_refused_connection_is_unreachable():
     dead = f"http://127.0.0.1:{free_port()}/metrics"
-    m = await _monitor(dead)
+    m = open_monitor(dead)
     try:
-        await _scrape(m)
+        await scrape(m)
     finally:
         await m.stop()
     assert m.targets[dead].last_error.startswith("unreachable: ConnectError"), m.targets[dead].last_error
@@ -139,10 +116,10 @@ async def test_an_unreadable_token_file_is_not_called_unreachable(tmp_path, upst
     t = m.targets[upstream.url]
     errors = []
     try:
-        await _scrape(m)
+        await scrape(m)
         errors.append(t.last_error)
         token.unlink()
-        await _scrape(m)
+        await scrape(m)
         errors.append(t.last_error)
     finally:
         await m.stop()

@@ -14,23 +14,14 @@ import time
 
 import pytest
 
-from kvwatch.app import Monitor
 from kvwatch.catalog import Bottleneck
-from kvwatch.config import load_settings
 from kvwatch.snapshot import Gauge
 from tests.helpers.fake_llamacpp import FakeLlamaCpp
 from tests.helpers.fake_vllm import bomb
+from tests.helpers.monitor import kvwatch_lines, open_monitor, scrape, scraped
 from tests.helpers.recordings import captures
 
 KEY = ("", "0")  # llama.cpp's one engine: its metrics have no labels
-
-
-class Clock:
-    def __init__(self, t: float = 1000.0):
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
 
 
 @pytest.fixture
@@ -39,22 +30,6 @@ async def llama():
         up.serve_capture("context_too_small")
         up.index = 3  # the first sample with a slot busy
         yield up
-
-
-async def _monitor(url: str, **settings) -> Monitor:
-    m = Monitor(load_settings(target=[url], interval=1.0, timeout=0.5, stale_after=5.0, **settings), clock=Clock())
-    m.open()
-    return m
-
-
-async def _scrape(m: Monitor, n: int = 1) -> None:
-    for _ in range(n):
-        m.clock.t += 1
-        await m.scrape_once(m.settings.target[0])
-
-
-def _warnings(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "kvwatch" and r.levelno == logging.WARNING]
 
 
 # (slots_mode, what the log line names)
@@ -74,7 +49,7 @@ FAULTS = [
 @pytest.mark.parametrize(("mode", "says"), FAULTS, ids=[f[0] for f in FAULTS])
 async def test_a_broken_slots_never_fails_the_scrape(llama, caplog, mode, says):
     caplog.set_level(logging.INFO, logger="kvwatch")
-    m = await _monitor(llama.url, max_body_bytes=1_000_000)  # huge's 20 MB and bomb's 256 MiB against a 1 MB cap
+    m = open_monitor(llama.url, max_body_bytes=1_000_000)  # huge's 20 MB and bomb's 256 MiB against a 1 MB cap
     if mode in ("huge", "bomb"):
         # About the cap, not the deadline (as tests/test_faults.py): 5 s, so that a starved machine cannot turn a
         # too_large into a timeout before the first MB arrives; the bomb is built before the clock starts.
@@ -82,11 +57,11 @@ async def test_a_broken_slots_never_fails_the_scrape(llama, caplog, mode, says):
         m.fetcher.cfg = type(m.fetcher.cfg)(5.0, 1_000_000)
     state = m.targets[llama.url]
     try:
-        await _scrape(m, 2)
+        await scrape(m, 2)
         assert state.engines[KEY].latest.slots is not None  # read while it answers
         llama.slots_mode = mode
         started = time.monotonic()
-        await _scrape(m, 2)
+        await scrape(m, 2)
         # slow lasts 30 s, sixty times the 0.5-s deadline (huge and bomb: 5 s): a fetch that ignored it would take
         # the whole 30 s, twice
         assert time.monotonic() - started < 15.0
@@ -95,10 +70,10 @@ async def test_a_broken_slots_never_fails_the_scrape(llama, caplog, mode, says):
         assert state.extra_error is not None and latest.slots is None  # the snapshot lacks the per-slot context
         assert Gauge.CONTEXT_USED_MAX_RATIO not in latest.gauges
         assert state.diagnosis.engines and state.diagnosis.bottleneck is not Bottleneck.UNREACHABLE
-        warned = _warnings(caplog)
+        warned = kvwatch_lines(caplog)
         assert len(warned) == 1 and "/slots" in warned[0] and says in warned[0], warned  # once, not once a scrape
         llama.slots_mode = "ok"
-        await _scrape(m, 1)
+        await scrape(m, 1)
         assert state.extra_error is None and state.engines[KEY].latest.slots is not None
         infos = [r.getMessage() for r in caplog.records if r.name == "kvwatch" and r.levelno == logging.INFO]
         assert any(line.startswith("reading /slots of ") and line.endswith(" again") for line in infos), infos
@@ -109,12 +84,7 @@ async def test_a_broken_slots_never_fails_the_scrape(llama, caplog, mode, says):
 async def test_without_slots_the_kv_cache_is_not_judged_and_the_log_says_how_to_turn_it_on(llama, caplog):
     caplog.set_level(logging.INFO, logger="kvwatch")
     llama.slots_mode = "status"
-    m = await _monitor(llama.url)
-    try:
-        await _scrape(m, 6)
-        state = m.targets[llama.url]
-    finally:
-        await m.stop()
+    state = await scraped(llama.url, 6)
     (e,) = state.diagnosis.engines
     assert state.up and e.bottleneck is not Bottleneck.KV_CACHE
     (line,) = [x for x in e.evidence if x.startswith("KV cache not judged")]
@@ -122,16 +92,11 @@ async def test_without_slots_the_kv_cache_is_not_judged_and_the_log_says_how_to_
     # tried at every scrape while it serves (a server restarted with --slots is read at once): the capture's bodies 3-7
     # have requests or progress, the 6th scrape's (body 8) neither, after one without requests: not asked then
     assert llama.slots_requests == 5
-    assert len(_warnings(caplog)) == 1
+    assert len(kvwatch_lines(caplog)) == 1
 
 
 async def test_with_slots_the_same_scrapes_name_the_full_slot_context(llama):
-    m = await _monitor(llama.url)
-    try:
-        await _scrape(m, 4)
-        state = m.targets[llama.url]
-    finally:
-        await m.stop()
+    state = await scraped(llama.url, 4)
     (e,) = state.diagnosis.engines
     assert e.bottleneck is Bottleneck.KV_CACHE and e.confidence == "high", e.evidence
     assert state.extra_error is None and llama.slots_requests == 4
@@ -143,12 +108,7 @@ async def test_an_idle_server_is_not_asked_for_its_slots_so_it_can_sleep():
     async with FakeLlamaCpp() as up:
         up.serve_capture("context_too_small")
         up.serve(*up.bodies[8:])  # after the load: nothing running, the counters still
-        m = await _monitor(up.url)
-        try:
-            await _scrape(m, 6)
-            state = m.targets[up.url]
-        finally:
-            await m.stop()
+        state = await scraped(up.url, 6)
     assert state.up and up.slots_requests == 0
     (e,) = state.diagnosis.engines
     assert e.bottleneck is Bottleneck.IDLE and not any("--slots" in line for line in e.evidence), e.evidence
@@ -157,12 +117,8 @@ async def test_an_idle_server_is_not_asked_for_its_slots_so_it_can_sleep():
 async def test_an_engine_without_an_extra_path_is_never_asked_for_one():
     async with FakeLlamaCpp() as up:
         up.serve(*captures("kv_cache")[10:14])  # vLLM's metrics at /metrics
-        m = await _monitor(up.url)
-        try:
-            await _scrape(m, 3)
-            assert m.targets[up.url].diagnosis.engine_type == "vllm"
-        finally:
-            await m.stop()
+        state = await scraped(up.url, 3)
+    assert state.diagnosis.engine_type == "vllm"
     assert up.slots_requests == 0
 
 
@@ -170,11 +126,7 @@ async def test_the_slots_url_keeps_the_targets_prefix_and_query():
     async with FakeLlamaCpp() as up:
         up.serve_capture("context_too_small")
         up.index = 3
-        m = await _monitor(up.url + "?format=prometheus")
-        try:
-            await _scrape(m, 2)
-        finally:
-            await m.stop()
+        await scraped(up.url + "?format=prometheus", 2)
     assert up.slots_requests == 2 and up.slots_queries == ["format=prometheus"] * 2
 
 
@@ -189,12 +141,7 @@ async def test_a_target_path_not_ending_in_metrics_says_where_slots_cannot_be_fo
     async with _ElsewhereLlamaCpp() as up:
         up.serve_capture("context_too_small")
         up.index = 3
-        m = await _monitor(up.base_url + "/stats/prometheus")
-        try:
-            await _scrape(m, 3)
-            state = m.targets[up.base_url + "/stats/prometheus"]
-        finally:
-            await m.stop()
+        state = await scraped(up.base_url + "/stats/prometheus", 3)
     assert state.up and up.slots_requests == 0
-    (warned,) = _warnings(caplog)
+    (warned,) = kvwatch_lines(caplog)
     assert "(path: the target's path does not end in /metrics, so where /slots is is not known)" in warned, warned
