@@ -34,6 +34,7 @@ LLAMACPP = ENGINE_FIXTURES / "llamacpp" / "captures"
 SGLANG = (ENGINE_FIXTURES / "sglang" / "written_from_source.prom").read_text()
 TRTLLM = (ENGINE_FIXTURES / "trtllm" / "trtllm_serve_written_from_source.prom").read_text()
 TRTLLM_OLD = (ENGINE_FIXTURES / "trtllm" / "trtllm_serve_unprefixed_written_from_source.prom").read_text()
+TRTLLM_FIRST = (ENGINE_FIXTURES / "trtllm" / "trtllm_serve_first_build_written_from_source.prom").read_text()
 TRITON = (ENGINE_FIXTURES / "trtllm" / "triton_written_from_source.prom").read_text()
 LLAMA_SLOTS_FULL = next(
     p.read_text() for _, p in recording(LLAMACPP / "slot_ceiling") if "requests_deferred 14" in p.read_text()
@@ -43,10 +44,11 @@ BODIES = {
     "sglang": SGLANG,
     "trtllm": TRTLLM,
     "trtllm-unprefixed": TRTLLM_OLD,
+    "trtllm-first-build": TRTLLM_FIRST,
     "triton": TRITON,
     "llamacpp": LLAMA_SLOTS_FULL,
 }
-ENGINE_OF = {"trtllm-unprefixed": "trtllm", "triton": "trtllm"}
+ENGINE_OF = {"trtllm-unprefixed": "trtllm", "trtllm-first-build": "trtllm", "triton": "trtllm"}
 
 
 def read(name: str, body: str):
@@ -191,6 +193,29 @@ def test_trtllm_at_its_exported_ceiling_with_kv_room_is_max_num_seqs_configured_
     (e,) = t.diagnose(1011.0).engines
     assert e.bottleneck is Bottleneck.MAX_NUM_SEQS and e.max_num_seqs == (256, "configured")
     assert {r.action: r.flag for r in e.recommendations}[Action.RAISE_MAX_NUM_SEQS] == "--max_batch_size"
+
+
+def _scaled(line: str, by: float) -> str:
+    if line.startswith("#"):
+        return line
+    name, value = line.rsplit(" ", 1)
+    return f"{name} {float(value) * by}"
+
+
+def test_trtllm_serves_first_builds_latency_histograms_alone_are_undetermined_never_none():
+    """Five unprefixed families, no request or KV gauge (NVIDIA/TensorRT-LLM#5785): kvwatch names the engine and says
+    it cannot count its requests, rather than "no engine" or "nothing waits", while requests finish and queue."""
+    t = Target("first-build")
+    for i in range(12):  # every counter and bucket grows by a tenth of its value a second: requests finish
+        t.observe_body(1000.0 + i, "\n".join(_scaled(ln, 1 + i / 10) for ln in TRTLLM_FIRST.splitlines()) + "\n")
+    d = t.diagnose(1011.0)
+    (e,) = d.engines
+    assert d.engine_type == "trtllm" and (e.model_name, e.engine) == ("undefined", "0")
+    assert e.bottleneck is Bottleneck.UNDETERMINED and e.confidence == "low", e.evidence
+    assert any("no count of running or waiting requests" in line for line in e.evidence), e.evidence
+    assert Hist.TIME_TO_FIRST_TOKEN_SECONDS in e.signals.latency.quantiles  # its histograms are read
+    ((_, s),) = read("trtllm", TRTLLM_FIRST).items()
+    assert s.counters == {Counter.REQUESTS_FINISHED: 42} and not s.gauges  # summed over its finish reasons
 
 
 def test_triton_selector_labels():

@@ -49,6 +49,11 @@ _OWN = frozenset([*GAUGES, *COUNTERS, CACHED, *LIMITS, *HISTOGRAMS])
 # Unprefixed builds share generic names (request_success, prompt_tokens) with other exporters: only these say
 # TensorRT-LLM on their own.
 _UNPREFIXED_SIGNATURE = frozenset(("kv_cache_utilization", "max_num_active_requests", "kv_cache_max_blocks"))
+# The first builds (NVIDIA/TensorRT-LLM#5785, mid-2025; aibrix#2004 shows one in March 2026) exported five families,
+# unprefixed: request_success_total and four latency histograms, no request or KV gauge. These two names are
+# TensorRT-LLM's own among them (vLLM and SGLang prefix theirs): such a server is recognised, and read as what it is,
+# an engine whose requests kvwatch cannot count (undetermined, not "no engine").
+_FIRST_BUILD_SIGNATURE = frozenset(("time_per_output_token_seconds", "request_queue_time_seconds"))
 
 TRITON_REQUESTS = "nv_trt_llm_request_metrics"  # {request_type}
 TRITON_KV_BLOCKS = "nv_trt_llm_kv_cache_block_metrics"  # {kv_cache_block_type}
@@ -62,7 +67,12 @@ def keep_family(name: str) -> bool:
 
 
 def recognise(name: str) -> bool:
-    return name in _TRITON or (name.startswith(PREFIX) and name in KEEP_FAMILIES) or name in _UNPREFIXED_SIGNATURE
+    return (
+        name in _TRITON
+        or (name.startswith(PREFIX) and name in KEEP_FAMILIES)
+        or name in _UNPREFIXED_SIGNATURE
+        or name in _FIRST_BUILD_SIGNATURE
+    )
 
 
 def read(families: dict[str, Family], max_engines: int = 64) -> dict[tuple[str, str], EngineSnapshot]:
@@ -72,8 +82,6 @@ def read(families: dict[str, Family], max_engines: int = 64) -> dict[tuple[str, 
     fams = {n.removeprefix(prefix): f for n, f in families.items() if n.startswith(prefix)}
     snap, out = engine_index(max_engines, "model_name", "engine")
     _read_gauges(fams, snap)
-    if not out:
-        return out
     _read_counters(fams, snap)
     for s in out.values():
         s.tokens_at_request_end = True  # log_request_metrics_dict: counted when a request has finished
@@ -193,5 +201,6 @@ ENGINE = Engine(
     - {Bottleneck.ASLEEP, Bottleneck.MAX_LORAS, Bottleneck.KV_TRANSFER, Bottleneck.TOKEN_BUDGET},
     metrics_path="/prometheus/metrics",
     cannot_tell="preemptions (it pauses requests instead); whether --max_num_tokens binds (no per-step data read; "
-    "tokens counted as requests end); Triton's form exports no token counters",
+    "tokens counted as requests end); Triton's form exports no token counters; the first trtllm-serve builds "
+    "(latency histograms only) export no request count: undetermined",
 )
