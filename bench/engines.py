@@ -138,7 +138,8 @@ def gate_failures(res: dict, gates: dict) -> list[str]:
                 f"engines: {name}'s adapter/parse-baseline {r['adapter']['ratio']:.3f}, above {bound:g} "
                 f"({'under' if small else 'at least'} {SMALL} samples)"
             )
-        if not r["cycle_vs_vllm"] <= gates["engine_cycle_vs_vllm"]:
+        # vLLM's own row is vLLM against itself: 1 give or take the machine's noise, a figure to print, not to gate
+        if name != VLLM and not r["cycle_vs_vllm"] <= gates["engine_cycle_vs_vllm"]:
             out.append(
                 f"engines: {name}'s cycle {r['cycle_ms']:.2f} ms is {r['cycle_vs_vllm']:.2f}x vLLM's, above "
                 f"{gates['engine_cycle_vs_vllm']:g}x"

@@ -154,7 +154,8 @@ def test_check_gates_every_engine_adapter_and_its_cycle_against_vllms():
     def engine(samples, adapter, vs_vllm):
         return {"samples": samples, "adapter": {"ratio": adapter}, "cycle_ms": vs_vllm, "cycle_vs_vllm": vs_vllm}
 
-    within = {"engines": {"vllm (simulated)": engine(410, 0.13, 1.0), "llamacpp": engine(15, 0.41, 0.3)}}
+    # vLLM against itself reads 1 give or take noise (a CI run read 1.01): never gated
+    within = {"engines": {"vllm (simulated)": engine(410, 0.13, 1.05), "llamacpp": engine(15, 0.41, 0.3)}}
     assert gate_failures(within) == []
     dearer = copy.deepcopy(within)
     dearer["engines"]["vllm (simulated)"]["adapter"]["ratio"] = 0.3  # a big payload's bound is the goal's
