@@ -107,6 +107,9 @@ class EngineHistory:
         self.keep_seconds = keep_seconds
         self.points: deque[Point] = deque(maxlen=max_points)
         self.latest: EngineSnapshot | None = None
+        # The slots of the last scrape that read them (llama.cpp's /slots): an idle server's /slots is not read (state's
+        # serving), and each slot's n_ctx is configuration, the same until a restart
+        self.slots_seen: tuple[SlotContext, ...] | None = None
         self.resets = 0
 
     def add(self, t: float, snap: EngineSnapshot) -> None:
@@ -131,6 +134,8 @@ class EngineHistory:
         filled = contexts_filled(prev.slots if prev else None, snap.slots)
         self.points.append(Point(t, dict(snap.gauges), counters, hists, full, filled))
         self.latest = snap
+        if snap.slots:
+            self.slots_seen = snap.slots
         while len(self.points) > 2 and t - self.points[0].t > self.keep_seconds:
             self.points.popleft()
 
@@ -185,7 +190,7 @@ class KvSignals:
     offload_pinned_max: float | None = None
     # Each slot's own context (an engine's extra path: llama.cpp's /slots), None where not read: the most of its
     # context a running request held over the window (0-1), the requests that reached the end of theirs since the
-    # window's first sample (cut short), and the slots' context in tokens (latest scrape)
+    # window's first sample (cut short), and the slots' context in tokens (the last scrape that read them)
     context_used_max_ratio: float | None = None
     context_full_requests: int | None = None
     slot_context_tokens: int | None = None
@@ -409,7 +414,7 @@ def summarize(
     first, last = pts[0], pts[-1]
     s = Signals(history.model_name, history.engine, last.t, len(pts), last.t - first.t)
     s.kv = kv_signals(pts)
-    context_signals(s.kv, pts, history.latest)
+    context_signals(s.kv, pts, history.slots_seen)
     s.queue = queue_signals(pts)
     s.throughput = throughput_signals(pts, measured or Measured())
     if history.latest is not None and history.latest.tokens_at_request_end:
@@ -464,7 +469,7 @@ def kv_signals(pts: list[Point]) -> KvSignals:
     return k
 
 
-def context_signals(k: KvSignals, pts: list[Point], latest: EngineSnapshot | None) -> None:
+def context_signals(k: KvSignals, pts: list[Point], slots: tuple[SlotContext, ...] | None) -> None:
     """The slots' context over the window (KvSignals' context_* fields), where the engine showed its slots."""
     used = [p.gauges[Gauge.CONTEXT_USED_MAX_RATIO] for p in pts if Gauge.CONTEXT_USED_MAX_RATIO in p.gauges]
     if used:
@@ -472,8 +477,8 @@ def context_signals(k: KvSignals, pts: list[Point], latest: EngineSnapshot | Non
     filled = [p.context_filled for p in pts[1:] if p.context_filled is not None]
     if filled:
         k.context_full_requests = sum(filled)
-    if latest is not None and latest.slots:
-        k.slot_context_tokens = max(s.n_ctx for s in latest.slots)
+    if slots:
+        k.slot_context_tokens = max(s.n_ctx for s in slots)
 
 
 def queue_signals(pts: list[Point]) -> QueueSignals:

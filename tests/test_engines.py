@@ -270,6 +270,25 @@ def test_llamacpp_slots_full_with_requests_deferred_names_the_slot_ceiling_read_
         assert serving and all(any(x.startswith("KV cache judged per slot only") for x in e.evidence) for e in serving)
 
 
+def test_llamacpp_slot_context_stays_known_once_the_server_idles_and_its_slots_are_not_read():
+    """As the scrape loop reads it: /slots only while the server serves (Target.serving), then the last body again
+    and again, the server idle. The window still holds the requests cut short, so kv_cache stays named for a while;
+    its evidence keeps the slots' 256-token context (configuration, the same until a restart), never "?-token"."""
+    t = Target("llamacpp")
+    kv = []
+    recorded = [(ts, read_recorded(p)) for ts, p in recording(LLAMACPP / "context_too_small")]
+    idle = [(recorded[-1][0] + 0.5 * (i + 1), recorded[-1][1]) for i in range(6)]
+    for ts, (body, extra) in recorded + idle:
+        families = parse(body, t.keep_family)
+        t.observe_body(ts, body, extra if t.serving(llamacpp.ENGINE, families) else None)
+        d = t.diagnose(ts)
+        if d.bottleneck is Bottleneck.KV_CACHE:
+            kv.append((ts, d.engines[0]))
+    assert kv[-1][0] > recorded[-1][0]  # still named after the load ended, with /slots no longer read
+    for _, e in kv:
+        assert e.signals.kv.slot_context_tokens == 256 and "256-token context" in e.evidence[0], e.evidence
+
+
 @pytest.mark.parametrize("slots", [True, False], ids=["slots", "metrics-only"])
 def test_llamacpp_light_load_names_no_limit(slots):
     for d in replay(LLAMACPP / "light", slots):
