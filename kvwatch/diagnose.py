@@ -445,8 +445,8 @@ def slot_context_full(s: Signals, hints: Hints, th: Thresholds) -> Verdict | Non
 def no_queue(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
     """Nothing waits: ``idle`` if nothing ran in the window either, else ``none``. Neither when the snapshot counts no
     requests at all (a missing gauge is unknown, not zero): SGLang's documented example dump, as published, carries
-    its KV gauge and token counters and no request gauge (tests/fixtures/engines/sglang/published/
-    docs-production-metrics.prom), as did v0.3.5's dumps read with today's names."""
+    its KV gauge and token counters and no request gauge (cited in tests/fixtures/engines/sglang/SOURCES.md), as did
+    v0.3.5's dumps read with today's names."""
     if s.queue.running is None and s.queue.waiting is None:
         return Verdict(Bottleneck.UNDETERMINED, [("no_request_counts", {})], confidence=LOW, reason="no request counts")
     if _waiting(s) > 0:

@@ -24,8 +24,8 @@ What SGLang exports, and what it means here:
   scheduler and are not added (the maximum is kept). ``priority`` series other than "" are parts of the total.
 - The first builds with metrics (PR sgl-project/sglang#1853, Nov 2024, v0.3.5 era) named the scheduler's gauges
   ``num_requests_running`` / ``num_requests_waiting`` and exported its configuration: ``max_running_requests`` (the
-  running-request ceiling, read as configured) beside ``max_total_num_tokens`` (tests/fixtures/engines/sglang/
-  published/pr1853-v035-review.prom).
+  running-request ceiling, read as configured) beside ``max_total_num_tokens`` (the dump published in that PR's review, cited in
+  tests/fixtures/engines/sglang/SOURCES.md).
 Later builds export no configured ceiling (``--max-running-requests``) nor step budget (``--chunked-prefill-size``):
 they are inferred as for vLLM, or given as hints, and the evidence says which.
 """
@@ -50,8 +50,8 @@ GAUGES: dict[str, Gauge] = {
     _P + "cache_hit_rate": Gauge.PREFIX_CACHE_HIT_RATE,
     _P + "num_decode_prealloc_queue_reqs": kv_fetch_gauge("waiting_to_start"),
     _P + "num_decode_transfer_queue_reqs": kv_fetch_gauge("in_progress"),
-    # The first metrics builds' names (python/sglang/srt/metrics/metrics_collector.py of PR #1853; its published dump,
-    # published/pr1853-v035-review.prom, carries that collector's max_running_requests and context_len).
+    # The first metrics builds' names (python/sglang/srt/metrics/metrics_collector.py of PR #1853; the dump published
+    # in its review, cited in tests/fixtures/engines/sglang/SOURCES.md, carries its max_running_requests and context_len).
     _P + "num_requests_running": Gauge.REQUESTS_RUNNING,
     _P + "num_requests_waiting": Gauge.REQUESTS_WAITING,
 }
