@@ -579,6 +579,30 @@ FAMILIES: tuple[Family, ...] = (
         "linear forecast of time until KV usage reaches 1; absent when not rising",
     ),
     _engine(
+        "kvwatch_slot_context_used_ratio",
+        "ratio",
+        "The most of its slot's context a running request held over the window (llama.cpp's /slots).",
+        "kv.context_used_max_ratio",
+        "the most of its slot's own context a running request held over the window (llama.cpp's `/slots`: "
+        "`n_prompt_tokens` / `n_ctx`); 1 is a request cut short; absent where the engine shows no slots",
+    ),
+    _engine(
+        "kvwatch_slot_context_tokens",
+        "tokens",
+        "Each slot's context in tokens (llama.cpp's /slots n_ctx: --ctx-size / --parallel, or all of it unified).",
+        "kv.slot_context_tokens",
+        "each slot's context in tokens (llama.cpp's `/slots` `n_ctx`: `--ctx-size` / `--parallel`, or all of "
+        "`--ctx-size` with `--kv-unified`), latest scrape; absent where the engine shows no slots",
+    ),
+    _engine(
+        "kvwatch_slot_context_full_requests",
+        "requests",
+        "Requests seen reaching the end of their slot's context over the window: cut short (llama.cpp's /slots).",
+        "kv.context_full_requests",
+        "requests seen reaching the end of their slot's context over the window, so cut short (a lower bound: a "
+        "request that starts and ends between two scrapes is not seen); absent where the engine shows no slots",
+    ),
+    _engine(
         "kvwatch_prefix_cache_hit_ratio",
         "ratio",
         "Prefix-cache hit tokens / queried tokens over the window.",
