@@ -75,9 +75,9 @@ def _scrape_flags(p: argparse.ArgumentParser) -> None:
 def _analysis_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--window", help="seconds of history the diagnosis uses")
     p.add_argument("--stale-after", help="withdraw derived series after this many seconds without a good scrape")
-    p.add_argument("--max-num-seqs", help="vLLM's --max-num-seqs (optional hint)")
-    p.add_argument("--max-num-batched-tokens", help="vLLM's --max-num-batched-tokens (optional hint)")
-    p.add_argument("--max-model-len", help="vLLM's --max-model-len (optional hint)")
+    p.add_argument("--max-num-seqs", help="the running-request ceiling: vLLM's --max-num-seqs, SGLang's --max-running-requests, ... (optional hint)")
+    p.add_argument("--max-num-batched-tokens", help="the per-step token budget: vLLM's --max-num-batched-tokens, SGLang's --chunked-prefill-size, ... (optional hint)")
+    p.add_argument("--max-model-len", help="the context length: vLLM's --max-model-len, SGLang's --context-length, ... (optional hint)")
     p.add_argument("--admission-stall-threshold", help="KV usage at which prefills stall")
     p.add_argument("--preemption-risk-threshold", help="KV usage at which preemption starts")
     p.add_argument("--max-engines", help="(model, engine) pairs per target before folding into _overflow")
@@ -140,12 +140,12 @@ def _plan_flags(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="kvwatch", description="Which limit binds your vLLM server, and what to change.")
+    parser = _Parser(prog="kvwatch", description="Which limit binds your LLM-serving engine (vLLM, SGLang, TensorRT-LLM, llama.cpp), and what to change.")
     parser.add_argument("--version", action="version", version=f"kvwatch {__version__}")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
 
-    run = sub.add_parser("run", help="the sidecar (default)", description="Scrape vLLM and serve kvwatch's metrics.")
-    run.add_argument("--target", action="append", help="vLLM /metrics URL (repeatable)")
+    run = sub.add_parser("run", help="the sidecar (default)", description="Scrape the serving engine and serve kvwatch's metrics.")
+    run.add_argument("--target", action="append", help="the engine's Prometheus URL, e.g. http://HOST:8000/metrics (repeatable)")
     run.add_argument("--listen", help="HOST:PORT to serve on")
     run.add_argument("--web-config-file", help="exporter-toolkit web config: TLS and basic auth on --listen")
     run.add_argument("--history", help="seconds of history the status page at / charts")
@@ -153,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     _analysis_flags(run)
 
     diag = sub.add_parser("diagnose", help="scrape for a while (or replay a recording) and print the diagnosis")
-    diag.add_argument("url", nargs="?", help="vLLM /metrics URL (default: env KVWATCH_TARGET)")
+    diag.add_argument("url", nargs="?", help="the engine's Prometheus URL (default: env KVWATCH_TARGET)")
     diag.add_argument("--duration", type=float, default=15.0, help="seconds to watch (default 15)")
     diag.add_argument("--replay", type=Path, help="directory of recorded <unix_time>.prom files (default: none)")
     diag.add_argument("--json", action="store_true", help="print JSON")
@@ -162,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     _analysis_flags(diag)
 
     rec = sub.add_parser("record", help="save every scrape as DIR/<unix_time>.prom")
-    rec.add_argument("url", help="vLLM /metrics URL")
+    rec.add_argument("url", help="the engine's Prometheus URL")
     rec.add_argument("--out", type=Path, required=True, help="directory to write to (required, no default)")
     rec.add_argument("--duration", type=float, required=True, help="seconds to record (required, no default)")
     _scrape_flags(rec)
@@ -171,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     for p in (run, diag, rec):
         _env_and_default(p)
     sub.add_parser("report", help="an HTML/Markdown report of a recording and benchmark runs", add_help=False)
-    sub.add_parser("sim", help="the built-in vLLM simulator (kvwatch sim --help)", add_help=False)
+    sub.add_parser("sim", help="the built-in engine simulator, vLLM or --engine's exposition (kvwatch sim --help)", add_help=False)
     sub.add_parser("demo", help="simulator + sidecar + live view (kvwatch demo --help)", add_help=False)
     sub.add_parser("logs", help="diagnose from vLLM's own log (kvwatch logs --help)", add_help=False)
     _plan_flags(
