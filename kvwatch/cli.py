@@ -75,9 +75,18 @@ def _scrape_flags(p: argparse.ArgumentParser) -> None:
 def _analysis_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--window", help="seconds of history the diagnosis uses")
     p.add_argument("--stale-after", help="withdraw derived series after this many seconds without a good scrape")
-    p.add_argument("--max-num-seqs", help="the running-request ceiling: vLLM's --max-num-seqs, SGLang's --max-running-requests, ... (optional hint)")
-    p.add_argument("--max-num-batched-tokens", help="the per-step token budget: vLLM's --max-num-batched-tokens, SGLang's --chunked-prefill-size, ... (optional hint)")
-    p.add_argument("--max-model-len", help="the context length: vLLM's --max-model-len, SGLang's --context-length, ... (optional hint)")
+    p.add_argument(
+        "--max-num-seqs",
+        help="the running-request ceiling: vLLM's --max-num-seqs, SGLang's --max-running-requests, ... (optional hint)",
+    )
+    p.add_argument(
+        "--max-num-batched-tokens",
+        help="the per-step token budget: vLLM's --max-num-batched-tokens, SGLang's --chunked-prefill-size, ... (optional hint)",
+    )
+    p.add_argument(
+        "--max-model-len",
+        help="the context length: vLLM's --max-model-len, SGLang's --context-length, ... (optional hint)",
+    )
     p.add_argument("--admission-stall-threshold", help="KV usage at which prefills stall")
     p.add_argument("--preemption-risk-threshold", help="KV usage at which preemption starts")
     p.add_argument("--max-engines", help="(model, engine) pairs per target before folding into _overflow")
@@ -140,12 +149,19 @@ def _plan_flags(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="kvwatch", description="Which limit binds your LLM-serving engine (vLLM, SGLang, TensorRT-LLM, llama.cpp), and what to change.")
+    parser = _Parser(
+        prog="kvwatch",
+        description="Which limit binds your LLM-serving engine (vLLM, SGLang, TensorRT-LLM, llama.cpp), and what to change.",
+    )
     parser.add_argument("--version", action="version", version=f"kvwatch {__version__}")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
 
-    run = sub.add_parser("run", help="the sidecar (default)", description="Scrape the serving engine and serve kvwatch's metrics.")
-    run.add_argument("--target", action="append", help="the engine's Prometheus URL, e.g. http://HOST:8000/metrics (repeatable)")
+    run = sub.add_parser(
+        "run", help="the sidecar (default)", description="Scrape the serving engine and serve kvwatch's metrics."
+    )
+    run.add_argument(
+        "--target", action="append", help="the engine's Prometheus URL, e.g. http://HOST:8000/metrics (repeatable)"
+    )
     run.add_argument("--listen", help="HOST:PORT to serve on")
     run.add_argument("--web-config-file", help="exporter-toolkit web config: TLS and basic auth on --listen")
     run.add_argument("--history", help="seconds of history the status page at / charts")
@@ -171,7 +187,9 @@ def build_parser() -> argparse.ArgumentParser:
     for p in (run, diag, rec):
         _env_and_default(p)
     sub.add_parser("report", help="an HTML/Markdown report of a recording and benchmark runs", add_help=False)
-    sub.add_parser("sim", help="the built-in engine simulator, vLLM or --engine's exposition (kvwatch sim --help)", add_help=False)
+    sub.add_parser(
+        "sim", help="the built-in engine simulator, vLLM or --engine's exposition (kvwatch sim --help)", add_help=False
+    )
     sub.add_parser("demo", help="simulator + sidecar + live view (kvwatch demo --help)", add_help=False)
     sub.add_parser("logs", help="diagnose from vLLM's own log (kvwatch logs --help)", add_help=False)
     _plan_flags(
