@@ -281,8 +281,13 @@ def test_state_panels_only_show_mapped_states(stack):
             if not mappings:
                 continue
             names = mappings[0]["options"]
-            values = range_values(stack, name, target)
-            assert values, f"{panel['title']}: no data"
+            # bounded wait: run alone (or first), the sidecars may not have diagnosed anything yet
+            values = wait_for(
+                lambda name=name, target=target: range_values(stack, name, target),
+                timeout=180,
+                interval=2.0,
+                what=f"{panel['title']}: data",
+            )
             texts = set()
             for v in values:
                 assert v.is_integer() and str(int(v)) in names, f"{panel['title']}: {v} is not a mapped state"
