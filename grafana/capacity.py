@@ -11,7 +11,6 @@ from grafana.common import (
     NO_KV_SIZE,
     NO_LORA,
     NO_MAX_CONCURRENCY,
-    NO_PREFIX_RATIO,
     NO_REJECTIONS,
     NO_SEQUENCE_LENGTH,
     THRESHOLDS,
@@ -19,6 +18,7 @@ from grafana.common import (
     Layout,
     dashboard,
     dashed_series,
+    flags,
     kvwatch_variables,
     query,
     stat,
@@ -26,7 +26,7 @@ from grafana.common import (
     thresholds,
     timeseries,
 )
-from kvwatch.catalog import KvPressure
+from kvwatch.catalog import Action, KvPressure
 
 # -- the headline tiles -------------------------------------------------------------------------------
 
@@ -101,17 +101,23 @@ def sequence_tile() -> JSON:
     )
 
 
+# Where each engine's ratio comes from (kvwatch/window.py throughput_signals, prefix_cache_hit_rate_mean).
+PREFIX_SOURCES = (
+    "vLLM: prefix-cache hits / queries; SGLang: its `cache_hit_rate` (the last prefill batch's), averaged; "
+    "TensorRT-LLM: its `kv_cache_hit_rate`, averaged; llama.cpp: `prompt_tokens_cached_total` / all prompt tokens."
+)
+
+
 def prefix_tile() -> JSON:
     return stat(
         "Prefix cache hit ratio",
-        "Share of queried prompt tokens served from vLLM's prefix cache over kvwatch's window "
-        "(mean of the selected engines).",
-        "Near 0 with workloads that share system prompts or few-shot examples: enable "
-        "`--enable-prefix-caching` and put the shared part first in the prompt. 0 for unique "
+        f"Share of prompt tokens served from the engine's prefix cache over kvwatch's window (mean of the selected "
+        f"engines). {PREFIX_SOURCES}",
+        "Near 0 with workloads that share system prompts or few-shot examples: enable prefix caching "
+        f"({flags(Action.ENABLE_PREFIX_CACHING)}) and put the shared part first in the prompt. 0 for unique "
         "prompts is expected.",
         ENGINE.agg("avg", "kvwatch_prefix_cache_hit_ratio"),
         unit="percentunit",
-        no_data=NO_PREFIX_RATIO,
     )
 
 
@@ -183,17 +189,12 @@ def seconds_to_full() -> JSON:
 def prefix_hits() -> JSON:
     return timeseries(
         "Prefix cache hit ratio",
-        "Share of queried prompt tokens found in vLLM's prefix cache, per engine, over kvwatch's window.",
-        "Low while prompts share long prefixes (system prompt, RAG template): enable "
-        "`--enable-prefix-caching`, keep the shared text at the start of the prompt and identical "
+        f"Share of prompt tokens found in the engine's prefix cache, per engine, over kvwatch's window. "
+        f"{PREFIX_SOURCES}",
+        f"Low while prompts share long prefixes (system prompt, RAG template): enable prefix caching "
+        f"({flags(Action.ENABLE_PREFIX_CACHING)}), keep the shared text at the start of the prompt and identical "
         "byte for byte, and route a conversation's turns to the same pod.",
-        [
-            query(
-                ENGINE.agg("max", "kvwatch_prefix_cache_hit_ratio", by=BY_ENGINE),
-                ENGINE_LEGEND,
-                no_data=NO_PREFIX_RATIO,
-            )
-        ],
+        [query(ENGINE.agg("max", "kvwatch_prefix_cache_hit_ratio", by=BY_ENGINE), ENGINE_LEGEND)],
         unit="percentunit",
         max_value=1,
     )

@@ -10,7 +10,7 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from kvwatch.catalog import Bottleneck, KvPressure, Thresholds
+from kvwatch.catalog import Action, Bottleneck, KvPressure, Thresholds
 from kvwatch.engines import ENGINES, by_name, llamacpp, sglang, trtllm
 
 JSON = dict[str, Any]
@@ -122,12 +122,6 @@ NO_MAX_CONCURRENCY: NoData = {
     "sglang": "kvwatch reads no request lengths from it, so it has no estimated max concurrency",
     "llamacpp": "exports no request lengths and no KV-cache size, so there is no estimated max concurrency",
 }
-NO_PREFIX_RATIO: NoData = {
-    "sglang": "exports a hit-rate gauge (`cache_hit_rate`), which kvwatch reads but does not export: its ratio is "
-    "computed from prefix-cache lookup and hit counters",
-    "llamacpp": "exports no prefix-cache lookup counters (kvwatch does not derive the ratio from "
-    "`prompt_tokens_cached_total`)",
-}
 NO_STEP_TOKENS: NoData = {
     "sglang": "exports no tokens per step (vLLM's `iteration_tokens_total`) and not its budget, "
     "`--chunked-prefill-size`",
@@ -138,6 +132,11 @@ NO_REJECTIONS: NoData = {
     "sglang": "kvwatch reads no rejection count from it (its `num_aborted_requests_total` counts aborts of any cause)",
     "llamacpp": "exports no count of requests turned away",
 }
+
+
+def flags(action: Action) -> str:
+    """Every engine's spelling of ``action``, from its adapter: "vLLM `--max-num-seqs`, SGLang `...`, ..."."""
+    return ", ".join(f"{e.title} `{e.flag(action)}`" for e in ENGINES if e.flag(action))
 
 
 # ---------------------------------------------------------------------------------------------------

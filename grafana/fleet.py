@@ -22,6 +22,7 @@ from grafana.common import (
     agg,
     dashboard,
     fixed_color,
+    flags,
     override,
     query,
     scope_variables,
@@ -31,7 +32,6 @@ from grafana.common import (
     timeseries,
 )
 from kvwatch.catalog import Action, Bottleneck
-from kvwatch.engines import ENGINES
 
 
 class Fleet:
@@ -55,11 +55,6 @@ class Fleet:
 
 # The rules' approximation knows no `unreachable` (a pod that cannot be scraped has no engine series).
 FLEET_BOTTLENECKS = [b for b in Bottleneck if b is not Bottleneck.UNREACHABLE]
-
-
-def flags(action: Action) -> str:
-    """Every engine's spelling of ``action``, from its adapter: "vLLM `--max-num-seqs`, SGLang `...`, ..."."""
-    return ", ".join(f"{e.title} `{e.flag(action)}`" for e in ENGINES if e.flag(action))
 
 
 # What the fleet rules cannot read for some engines (docs/alerts.md, "Fleet rules per engine").

@@ -533,6 +533,15 @@ def _streak(pts: list[Point]) -> tuple[StreakPoint, ...]:
     )
 
 
+def prefix_cache_hit_rate_mean(pts: list[Point]) -> float | None:
+    """The window's mean of an engine's own hit-rate gauge, where it exports a ratio and no lookup/hit counters:
+    SGLang's ``cache_hit_rate`` (hit / (hit + computed) prompt tokens of the last prefill batch, its
+    scheduler_metrics_mixin log_prefill_stats), TensorRT-LLM's ``kv_cache_hit_rate`` (reused / (reused + missed)
+    blocks), vLLM V0's ``gpu_prefix_cache_hit_rate``. A value above 1 is not a ratio and is dropped."""
+    rates = [r for p in pts if (r := p.gauges.get(Gauge.PREFIX_CACHE_HIT_RATE)) is not None and r <= 1.0]
+    return sum(rates) / len(rates) if rates else None
+
+
 def throughput_signals(pts: list[Point], measured: Measured) -> ThroughputSignals:
     first, last = pts[0], pts[-1]
     th = ThroughputSignals(stalled_seconds=stalled_seconds(pts))
@@ -547,6 +556,8 @@ def throughput_signals(pts: list[Point], measured: Measured) -> ThroughputSignal
         q, h = _rate(first, last, Counter.PREFIX_CACHE_QUERIES), _rate(first, last, Counter.PREFIX_CACHE_HITS)
         if q and h is not None and q > 0:
             th.prefix_cache_hit_ratio = h / q
+        else:
+            th.prefix_cache_hit_ratio = prefix_cache_hit_rate_mean(pts)
         it = _hist_delta(first, last, Hist.ITERATION_TOKENS)
         if it is not None and it.count > 0:
             th.engine_step_tokens = it.sum / it.count

@@ -159,6 +159,30 @@ def test_sglang_exports_the_adapters_running_and_no_waiting_series():
     assert states == {"running"}
 
 
+def _hit_ratio(engine: str, bodies: list[str]) -> float | None:
+    t = Target(engine)
+    for i, body in enumerate(bodies):
+        t.observe_body(1000.0 + i, body)
+    return t.diagnose(1000.0 + len(bodies) - 1).engines[0].signals.throughput.prefix_cache_hit_ratio
+
+
+def test_prefix_cache_hit_ratio_from_each_engines_own_figures():
+    """SGLang and TensorRT-LLM export a hit-rate gauge, not counters: its mean over the window. llama.cpp counts the
+    prompt tokens its prompt cache served (prompt_tokens_cached_total) beside those it computed (prompt_tokens_total):
+    cached / all. An engine that exports neither has no ratio: unknown, not 0."""
+    sglang_ = "# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs 2\nsglang:cache_hit_rate {}\n"
+    assert _hit_ratio("sglang", [sglang_.format(r) for r in (0.2, 0.4, 0.6)]) == pytest.approx(0.4)
+    trt = "trtllm_num_requests_running 2\ntrtllm_kv_cache_hit_rate {}\n"
+    assert _hit_ratio("trtllm", [trt.format(r) for r in (0.5, 0.7)]) == pytest.approx(0.6)
+    llama = "# TYPE llamacpp:requests_processing gauge\nllamacpp:requests_processing 1\n" + "".join(
+        f"# TYPE llamacpp:{name} counter\nllamacpp:{name} {{}}\n"
+        for name in ("n_decode_total", "prompt_tokens_total", "prompt_tokens_cached_total")
+    )
+    # 300 prompt tokens between the two scrapes, 100 of them from the cache
+    assert _hit_ratio("llamacpp", [llama.format(10, 1000, 500), llama.format(20, 1200, 600)]) == pytest.approx(1 / 3)
+    assert _hit_ratio("sglang", ["# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs 2\n"] * 2) is None
+
+
 def test_sglang_kv_bound_rank_is_named_kv_cache_with_sglang_flags():
     t = Target("sglang")
     for i in range(12):

@@ -93,6 +93,10 @@ def read(families: dict[str, Family], max_engines: int = 64) -> dict[tuple[str, 
         if math.isfinite(smp.value) and Counter.PROMPT_TOKENS in c:  # prompt_tokens_total excludes cached ones
             c[Counter.PROMPT_TOKENS_COMPUTED] = c[Counter.PROMPT_TOKENS]
             c[Counter.PROMPT_TOKENS] += smp.value
+            # every prompt token is looked up in the slot's prompt cache, the cached ones found: vLLM's
+            # prefix_cache_queries / _hits in tokens, so the window gives the prefix-cache hit ratio
+            c[Counter.PREFIX_CACHE_QUERIES] = c[Counter.PROMPT_TOKENS]
+            c[Counter.PREFIX_CACHE_HITS] = smp.value
     for s in out.values():
         s.max_running_requests = _slots_when_deferring(s)
         s.tokens_at_request_end = True  # tokens_predicted_total moves when a request ends
