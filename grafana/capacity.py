@@ -13,6 +13,7 @@ from grafana.common import (
     NO_MAX_CONCURRENCY,
     NO_REJECTIONS,
     NO_SEQUENCE_LENGTH,
+    NO_SLOTS,
     THRESHOLDS,
     TOKENS,
     Layout,
@@ -186,6 +187,24 @@ def seconds_to_full() -> JSON:
     )
 
 
+def slot_context() -> JSON:
+    return timeseries(
+        "Slot context used (llama.cpp)",
+        "The most of its slot's own context a running request held over kvwatch's window, per engine: llama.cpp's "
+        "`/slots` (`n_prompt_tokens` / `n_ctx`; each slot owns `--ctx-size` / `--parallel` tokens, or all of "
+        "`--ctx-size` with `--kv-unified`). 100 % is a request cut short at its slot's end "
+        "(`kvwatch_slot_context_full_requests` counts them); nothing waits for it, so no queue shows it.",
+        f"Near 100 % (kvwatch names kv_cache once requests are cut short): more context per slot "
+        f"({flags(Action.RAISE_KV_CACHE_MEMORY_BYTES)}, or fewer slots: {flags(Action.LOWER_MAX_NUM_SEQS)}), a "
+        f"cheaper KV cache ({flags(Action.FP8_KV_CACHE)}), or bound clients' max_tokens.",
+        [query(ENGINE.agg("max", "kvwatch_slot_context_used_ratio", by=BY_ENGINE), ENGINE_LEGEND, no_data=NO_SLOTS)],
+        unit="percentunit",
+        max_value=1,
+        steps=thresholds(("green", None), ("orange", 0.9), ("red", 0.99)),
+        threshold_style="dashed",
+    )
+
+
 def prefix_hits() -> JSON:
     return timeseries(
         "Prefix cache hit ratio",
@@ -328,7 +347,7 @@ def build() -> JSON:
     for panel in tiles:
         layout.add(panel, 4, 4)
     layout.row("KV cache")
-    for panel in (capacity_and_free(), pressure(), seconds_to_full(), prefix_hits()):
+    for panel in (capacity_and_free(), pressure(), seconds_to_full(), prefix_hits(), slot_context()):
         layout.add(panel, 12, 8)
     layout.row("Concurrency")
     for panel in (concurrency_vs_running(), capacity_by_limit(), headroom(), sequence_tokens(), lora_adapters()):
@@ -342,7 +361,7 @@ def build() -> JSON:
         "How much the KV cache holds and how close it is to full: capacity and free tokens, estimated "
         "max concurrency and headroom, capacity by limit against demand, mean sequence length, the "
         "time-to-full forecast, prefix-cache "
-        "hits, LoRA adapters, and requests rejected by the queue caps.",
+        "hits, llama.cpp's slot context, LoRA adapters, and requests rejected by the queue caps.",
         layout,
         kvwatch_variables(),
     )

@@ -128,6 +128,9 @@ NO_STEP_TOKENS: NoData = {
     "llamacpp": "exports no tokens per step and not its batch size, `--batch-size`",
 }
 NO_LORA: NoData = {"llamacpp": "exports no LoRA metrics"}
+NO_SLOTS: NoData = {
+    engine: "has no per-slot context: its KV cache is one pool, in the panels above" for engine in ("vllm", "sglang")
+}
 NO_REJECTIONS: NoData = {
     "sglang": "kvwatch reads no rejection count from it (its `num_aborted_requests_total` counts aborts of any cause)",
     "llamacpp": "exports no count of requests turned away",
