@@ -127,7 +127,7 @@ def quantile_tiles() -> list[JSON]:
         ),
         stat(
             "Queue time p99",
-            "99th percentile time requests spent in vLLM's waiting queue (worst selected engine).",
+            "99th percentile time requests spent in the engine's waiting queue (worst selected engine).",
             "Seconds of queueing mean a limit binds: the Overview dashboard's bottleneck says which "
             "(KV cache, max_num_seqs or token budget) and what to change.",
             p99("kvwatch_queue_time_seconds"),
@@ -191,7 +191,7 @@ def quantile_panels() -> list[JSON]:
         quantile_panel(
             "Queue time",
             "kvwatch_queue_time_seconds",
-            "Time in vLLM's waiting queue, quantiles (p50, p90, p99).",
+            "Time in the engine's waiting queue, quantiles (p50, p90, p99).",
             "Any sustained queue time is a capacity problem: the Overview dashboard says which limit "
             "binds. Raising `--max-num-seqs` helps only when that limit is *max_num_seqs*.",
         ),

@@ -31,6 +31,7 @@ from grafana.common import (
     dashboard,
     dashed_series,
     fixed_color,
+    flags,
     kvwatch_variables,
     override,
     query,
@@ -42,7 +43,7 @@ from grafana.common import (
     timeseries,
     value_mappings,
 )
-from kvwatch.catalog import Bottleneck
+from kvwatch.catalog import Action, Bottleneck
 
 
 def engine_bottleneck() -> str:
@@ -77,12 +78,14 @@ def worst_bottleneck() -> JSON:
         "*KV cache* (free KV blocks cannot hold the next prefill), *max_num_seqs* (the sequence "
         "ceiling is full with KV room to spare), *token budget* (prefill pinned at "
         "`max_num_batched_tokens`), *max_loras* (requests wait for a LoRA slot), *asleep* (vLLM's "
-        "sleep mode), *stalled* (requests present, no token progress), *unreachable* (kvwatch cannot scrape vLLM).",
-        "Read the *Recommendations* table below for the change to make, and *Bottleneck by pod "
-        "and model* for which engine it is. KV cache: FP8 KV cache, prefix caching, a lower "
-        "`--max-model-len`, more `--gpu-memory-utilization`, or another replica. "
-        "max_num_seqs: raise `--max-num-seqs`. Token budget: raise `--max-num-batched-tokens`. "
-        "max_loras: raise `--max-loras`. Asleep: wake it (`POST /wake_up`), do not restart it.",
+        "sleep mode), *stalled* (requests present, no token progress), *unreachable* (kvwatch cannot scrape the engine).",
+        "Read the *Recommendations* table below for the change to make (each flag in the engine's own words), "
+        "and *Bottleneck by pod and model* for which engine it is. KV cache: FP8 KV cache, prefix caching, a "
+        "shorter context, more memory for the KV cache, or another replica. "
+        f"max_num_seqs: raise the running-request ceiling ({flags(Action.RAISE_MAX_NUM_SEQS)}). Token budget: "
+        f"raise the step budget ({flags(Action.RAISE_MAX_NUM_BATCHED_TOKENS)}). "
+        f"max_loras: raise the LoRA slots ({flags(Action.RAISE_MAX_LORAS)}). Asleep: wake it (`POST /wake_up`), do "
+        "not restart it.",
         worst,
         unit="none",
         mappings=value_mappings(Bottleneck),
@@ -94,10 +97,12 @@ def worst_bottleneck() -> JSON:
 def requests_waiting() -> JSON:
     return stat(
         "Requests waiting",
-        "Requests in vLLM's waiting queue across the selected engines. A queue that persists "
+        "Requests in the engine's waiting queue across the selected engines (llama.cpp: deferred, no slot "
+        "free). A queue that persists "
         "means new requests pay queueing time on top of TTFT.",
-        "Look at *Worst bottleneck now*: it says which limit keeps them waiting. Do not raise "
-        "`--max-num-seqs` unless the bottleneck is *max_num_seqs*: when the KV cache is full it "
+        "Look at *Worst bottleneck now*: it says which limit keeps them waiting. Do not raise the "
+        "running-request ceiling (`--max-num-seqs` and its kin) unless the bottleneck is *max_num_seqs*: when "
+        "the KV cache is full it "
         "only adds preemptions.",
         ENGINE.agg("sum", "kvwatch_requests_waiting"),
         unit="none",
@@ -140,9 +145,9 @@ def preemptions() -> JSON:
 def unreachable_targets() -> JSON:
     return stat(
         "Unreachable targets",
-        "vLLM `/metrics` endpoints that kvwatch failed to scrape on its last attempt.",
-        "Check that vLLM is up (a loading model is not yet serving `/metrics`), the `--target` "
-        "URL, and `--bearer-token-file` when vLLM runs with `--api-key`. *Scrape errors by "
+        "Engine `/metrics` endpoints that kvwatch failed to scrape on its last attempt.",
+        "Check that the engine is up (a loading model is not yet serving `/metrics`), the `--target` "
+        "URL, and `--bearer-token-file` when the engine requires an API key (vLLM `--api-key`). *Scrape errors by "
         "reason* below says why.",
         agg("sum", f"1 - {POD.sel('kvwatch_up')}"),
         unit="none",
@@ -157,8 +162,8 @@ def bottleneck_timeline() -> JSON:
     return state_timeline(
         "Bottleneck by pod and model",
         "kvwatch's diagnosis over time: one row per engine (pod · model · engine), plus one row per "
-        "pod with the most severe state across its engines (*unreachable* shows there when vLLM "
-        "cannot be scraped).",
+        "pod with the most severe state across its engines (*unreachable* shows there when the "
+        "engine cannot be scraped).",
         "Hover a red (KV cache), orange (max_num_seqs) or yellow (token budget) stretch and compare "
         "with the panels below: KV usage near the dashed thresholds and a throughput gap confirm "
         "a KV bound; Running flat at `max_num_seqs` with KV room confirms the sequence ceiling. "
@@ -345,9 +350,10 @@ def scrape_errors() -> JSON:
         "Scrape errors by reason",
         "Failed scrapes per second by reason: `connect`, `timeout`, `http_status`, `too_large`, "
         "`decode`, `parse`, `no_vllm_metrics`.",
-        "`connect`: vLLM is down or still loading. `timeout`: raise `--timeout` (it must stay "
+        "`connect`: the engine is down or still loading. `timeout`: raise `--timeout` (it must stay "
         "below `--interval`). `http_status` 401/403: set `--bearer-token-file`. `too_large`: raise "
-        "`--max-body-bytes`. `no_vllm_metrics`: the URL is not vLLM's `/metrics`.",
+        "`--max-body-bytes`. `no_vllm_metrics`: the URL serves no metrics of an engine kvwatch reads "
+        "(or not `--engine`'s).",
         [query(POD.sum_rate("kvwatch_scrape_errors_total", by="pod, reason"), "{{pod}} · {{reason}}")],
         unit="reqps",
     )
@@ -358,7 +364,7 @@ def scrape_duration() -> JSON:
         "Scrape duration",
         "How long kvwatch's last fetch + parse of each target's `/metrics` took.",
         "Durations approaching `--timeout` (default 0.8 s) lead to `timeout` errors and gaps: an "
-        "overloaded vLLM API server answers `/metrics` slowly too. Raise `--interval` and "
+        "overloaded API server answers `/metrics` slowly too. Raise `--interval` and "
         "`--timeout` together, or investigate the API server.",
         [query(POD.agg("max", "kvwatch_scrape_duration_seconds", by=f"{BY_POD}, target"), "{{pod}} · {{target}}")],
         unit="s",
@@ -387,7 +393,7 @@ def build() -> JSON:
     return dashboard(
         "kvwatch-overview",
         "kvwatch / Overview",
-        "Why are vLLM requests waiting? kvwatch's diagnosis first (which limit binds, what to change), "
+        "Why are requests waiting? kvwatch's diagnosis first (which limit binds, what to change), "
         "then the evidence: KV usage against the admission-stall and preemption thresholds, the "
         "throughput gap, running vs the ceilings, preemptions.",
         layout,
