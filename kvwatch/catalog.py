@@ -592,7 +592,7 @@ FAMILIES: tuple[Family, ...] = (
         "Each slot's context in tokens (llama.cpp's /slots n_ctx: --ctx-size / --parallel, or all of it unified).",
         "kv.slot_context_tokens",
         "each slot's context in tokens (llama.cpp's `/slots` `n_ctx`: `--ctx-size` / `--parallel`, or all of "
-        "`--ctx-size` with `--kv-unified`), latest scrape; absent where the engine shows no slots",
+        "`--ctx-size` with `--kv-unified`), from the last scrape that read `/slots`; absent where the engine shows no slots",
     ),
     _engine(
         "kvwatch_slot_context_full_requests",

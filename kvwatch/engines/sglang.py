@@ -24,8 +24,8 @@ What SGLang exports, and what it means here:
   scheduler and are not added (the maximum is kept). ``priority`` series other than "" are parts of the total.
 - The first builds with metrics (PR sgl-project/sglang#1853, Nov 2024, v0.3.5 era) named the scheduler's gauges
   ``num_requests_running`` / ``num_requests_waiting`` and exported its configuration: ``max_running_requests`` (the
-  running-request ceiling, read as configured) beside ``max_total_num_tokens`` (the dump published in that PR's review, cited in
-  tests/fixtures/engines/sglang/SOURCES.md).
+  running-request ceiling, read as configured) beside ``max_total_num_tokens`` (the dump published in that PR's
+  review, cited in tests/fixtures/engines/sglang/SOURCES.md).
 Later builds export no configured ceiling (``--max-running-requests``) nor step budget (``--chunked-prefill-size``):
 they are inferred as for vLLM, or given as hints, and the evidence says which.
 """
