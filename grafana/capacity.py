@@ -104,7 +104,8 @@ def sequence_tile() -> JSON:
 
 # Where each engine's ratio comes from (kvwatch/window.py throughput_signals, prefix_cache_hit_rate_mean).
 PREFIX_SOURCES = (
-    "vLLM: prefix-cache hits / queries; SGLang: its `cache_hit_rate` (the last prefill batch's), averaged; "
+    "vLLM: prefix-cache hits / queries; SGLang: `cached_tokens_total` / `prompt_tokens_total` (builds without "
+    "them: its `cache_hit_rate`, the last prefill batch's, averaged); "
     "TensorRT-LLM: its `kv_cache_hit_rate`, averaged; llama.cpp: `prompt_tokens_cached_total` / all prompt tokens."
 )
 

@@ -535,9 +535,9 @@ def _streak(pts: list[Point]) -> tuple[StreakPoint, ...]:
 
 def prefix_cache_hit_rate_mean(pts: list[Point]) -> float | None:
     """The window's mean of an engine's own hit-rate gauge, where it exports a ratio and no lookup/hit counters:
-    SGLang's ``cache_hit_rate`` (hit / (hit + computed) prompt tokens of the last prefill batch, its
-    scheduler_metrics_mixin log_prefill_stats), TensorRT-LLM's ``kv_cache_hit_rate`` (reused / (reused + missed)
-    blocks), vLLM V0's ``gpu_prefix_cache_hit_rate``. A value above 1 is not a ratio and is dropped."""
+    SGLang's ``cache_hit_rate`` where it exports no cached_tokens_total (hit / (hit + computed) prompt tokens of the
+    last prefill batch, its scheduler_metrics_mixin log_prefill_stats), TensorRT-LLM's ``kv_cache_hit_rate`` (reused /
+    (reused + missed) blocks), vLLM V0's ``gpu_prefix_cache_hit_rate``. A value above 1 is not a ratio: dropped."""
     rates = [r for p in pts if (r := p.gauges.get(Gauge.PREFIX_CACHE_HIT_RATE)) is not None and r <= 1.0]
     return sum(rates) / len(rates) if rates else None
 

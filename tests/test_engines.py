@@ -167,11 +167,17 @@ def _hit_ratio(engine: str, bodies: list[str]) -> float | None:
 
 
 def test_prefix_cache_hit_ratio_from_each_engines_own_figures():
-    """SGLang and TensorRT-LLM export a hit-rate gauge, not counters: its mean over the window. llama.cpp counts the
+    """TensorRT-LLM exports a hit-rate gauge, not counters: its mean over the window; so does SGLang, whose counters
+    (prompt_tokens_total, cached_tokens_total) come first where it exports them. llama.cpp counts the
     prompt tokens its prompt cache served (prompt_tokens_cached_total) beside those it computed (prompt_tokens_total):
     cached / all. An engine that exports neither has no ratio: unknown, not 0."""
     sglang_ = "# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs 2\nsglang:cache_hit_rate {}\n"
     assert _hit_ratio("sglang", [sglang_.format(r) for r in (0.2, 0.4, 0.6)]) == pytest.approx(0.4)
+    # its counters, where exported, come first: 400 prompt tokens finished, 100 of them from the radix cache
+    counted = sglang_ + "".join(
+        f"# TYPE sglang:{name} counter\nsglang:{name}_total {{}}\n" for name in ("prompt_tokens", "cached_tokens")
+    )
+    assert _hit_ratio("sglang", [counted.format(0.9, 1000, 100), counted.format(0.9, 1400, 200)]) == pytest.approx(0.25)
     trt = "trtllm_num_requests_running 2\ntrtllm_kv_cache_hit_rate {}\n"
     assert _hit_ratio("trtllm", [trt.format(r) for r in (0.5, 0.7)]) == pytest.approx(0.6)
     llama = "# TYPE llamacpp:requests_processing gauge\nllamacpp:requests_processing 1\n" + "".join(

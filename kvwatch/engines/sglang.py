@@ -147,6 +147,10 @@ def _read_counters(families: dict[str, Family], snap) -> None:
             c = snap(_key_labels(smp.labels)).counters
             if Counter.PROMPT_TOKENS in c:  # prompt tokens computed: those not served from the prefix cache
                 c[Counter.PROMPT_TOKENS_COMPUTED] = max(0.0, c[Counter.PROMPT_TOKENS] - smp.value)
+                # every prompt token is looked up in the radix cache, the cached ones found (both counted as a
+                # request finishes): the hit ratio from counters, before the last batch's cache_hit_rate gauge
+                c[Counter.PREFIX_CACHE_QUERIES] = c[Counter.PROMPT_TOKENS]
+                c[Counter.PREFIX_CACHE_HITS] = smp.value
 
 
 _REALTIME_MODES = {"prefill_compute": Counter.PROMPT_TOKENS_COMPUTED, "decode": Counter.GENERATION_TOKENS}
@@ -170,6 +174,9 @@ def _read_realtime(fam: Family | None, snap) -> None:
                 c[canon] = m[mode]
         if "prefill_compute" in m:
             c[Counter.PROMPT_TOKENS] = m["prefill_compute"] + m.get("prefill_cache", 0.0)
+        if "prefill_compute" in m and "prefill_cache" in m:  # the same ratio, counted live
+            c[Counter.PREFIX_CACHE_QUERIES] = c[Counter.PROMPT_TOKENS]
+            c[Counter.PREFIX_CACHE_HITS] = m["prefill_cache"]
 
 
 def _apply_pool(fam: Family | None, snap) -> None:
