@@ -114,12 +114,13 @@ NO_LIVE_GENERATION: NoData = {
     "llamacpp": "counts generated tokens only as requests end (`tokens_predicted_total`): no throughput gap is judged"
 }
 NO_SEQUENCE_LENGTH: NoData = {
-    "sglang": "kvwatch reads no request lengths from it (not its optional `prompt_tokens_histogram` / "
-    "`generation_tokens_histogram`); the Fleet dashboard estimates the mean from its token counters",
+    "sglang": "exports request lengths only when started with `--collect-tokens-histogram`; the Fleet dashboard "
+    "estimates the mean from its token counters",
     "llamacpp": "exports no request lengths",
 }
 NO_MAX_CONCURRENCY: NoData = {
-    "sglang": "kvwatch reads no request lengths from it, so it has no estimated max concurrency",
+    "sglang": "exports request lengths only when started with `--collect-tokens-histogram`, and without them "
+    "there is no estimated max concurrency",
     "llamacpp": "exports no request lengths and no KV-cache size, so there is no estimated max concurrency",
 }
 NO_STEP_TOKENS: NoData = {

@@ -189,6 +189,30 @@ def test_prefix_cache_hit_ratio_from_each_engines_own_figures():
     assert _hit_ratio("sglang", ["# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs 2\n"] * 2) is None
 
 
+def test_sglang_request_length_histograms_give_the_sequences_its_kv_pool_holds():
+    """With --collect-tokens-histogram SGLang exports each finished request's prompt and generation lengths: the
+    mean sequence over the window and, with its pool (max_total_num_tokens), the sequences the KV cache holds."""
+
+    def body(finished: int) -> str:
+        lines = ["# TYPE sglang:num_running_reqs gauge", 'sglang:num_running_reqs{model_name="m"} 4']
+        lines += ["# TYPE sglang:max_total_num_tokens gauge", 'sglang:max_total_num_tokens{model_name="m"} 40000']
+        for name, length in (("prompt_tokens_histogram", 300), ("generation_tokens_histogram", 100)):
+            lines.append(f"# TYPE sglang:{name} histogram")
+            for le in ("100.0", "500.0", "+Inf"):
+                n = finished if le == "+Inf" or float(le) >= length else 0
+                lines.append(f'sglang:{name}_bucket{{model_name="m",le="{le}"}} {n}')
+            lines += [f'sglang:{name}_sum{{model_name="m"}} {finished * length}']
+            lines += [f'sglang:{name}_count{{model_name="m"}} {finished}']
+        return "\n".join(lines) + "\n"
+
+    t = Target("sglang")
+    t.observe_body(1000.0, body(10))
+    t.observe_body(1001.0, body(30))
+    c = t.diagnose(1001.0).engines[0].signals.capacity
+    assert c.mean_sequence_tokens == pytest.approx(400) and c.sequence_tokens_source == "window"
+    assert c.estimated_max_concurrency == pytest.approx(100)  # 40,000 tokens / 400 per sequence
+
+
 def test_sglang_kv_bound_rank_is_named_kv_cache_with_sglang_flags():
     t = Target("sglang")
     for i in range(12):

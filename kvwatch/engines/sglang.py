@@ -72,6 +72,10 @@ HISTOGRAMS: dict[str, Hist] = {
     _P + "time_to_first_token_seconds": Hist.TIME_TO_FIRST_TOKEN_SECONDS,
     _P + "inter_token_latency_seconds": Hist.INTER_TOKEN_LATENCY_SECONDS,
     _P + "queue_time_seconds": Hist.QUEUE_TIME_SECONDS,
+    # request lengths, exported only with --collect-tokens-histogram (TokenizerMetricsCollector): the mean sequence
+    # length, so the sequences the KV pool holds (vLLM's request_prompt_tokens / request_generation_tokens)
+    _P + "prompt_tokens_histogram": Hist.REQUEST_PROMPT_TOKENS,
+    _P + "generation_tokens_histogram": Hist.REQUEST_GENERATION_TOKENS,
 }
 KEEP_FAMILIES = frozenset([*GAUGES, *COUNTERS, *HISTOGRAMS, REALTIME, CACHED, POOL, CEILING, LORA_USED, LORA_TOTAL])
 _MODEL, _RANK = "model_name", "dp_rank"
