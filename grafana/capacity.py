@@ -106,7 +106,8 @@ def sequence_tile() -> JSON:
 PREFIX_SOURCES = (
     "vLLM: prefix-cache hits / queries; SGLang: `cached_tokens_total` / `prompt_tokens_total` (builds without "
     "them: its `cache_hit_rate`, the last prefill batch's, averaged); "
-    "TensorRT-LLM: its `kv_cache_hit_rate`, averaged; llama.cpp: `prompt_tokens_cached_total` / all prompt tokens."
+    "TensorRT-LLM: `prompt_cached_tokens_total` / `prompt_tokens_total` (else its `kv_cache_hit_rate`, averaged); "
+    "llama.cpp: `prompt_tokens_cached_total` / all prompt tokens."
 )
 
 

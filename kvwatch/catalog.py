@@ -608,9 +608,10 @@ FAMILIES: tuple[Family, ...] = (
         "Prefix-cache hit tokens / queried tokens over the window.",
         "throughput.prefix_cache_hit_ratio",
         "prefix-cache hit tokens / queried tokens over the window (vLLM's `prefix_cache_hits` / `_queries`; SGLang's "
-        "`cached_tokens_total` / `prompt_tokens_total`, live from `realtime_tokens_total` where exported; llama.cpp's "
-        "`prompt_tokens_cached_total` / all prompt tokens); where an engine exports only a ratio, its window mean "
-        "(older SGLang `cache_hit_rate`, TensorRT-LLM `kv_cache_hit_rate`, vLLM V0 `gpu_prefix_cache_hit_rate`)",
+        "`cached_tokens_total` / `prompt_tokens_total`, live from `realtime_tokens_total` where exported; TensorRT-LLM's "
+        "`prompt_cached_tokens_total` / `prompt_tokens_total`; llama.cpp's `prompt_tokens_cached_total` / all prompt "
+        "tokens); where an engine exports only a ratio, its window mean (SGLang `cache_hit_rate`, TensorRT-LLM "
+        "`kv_cache_hit_rate`, vLLM V0 `gpu_prefix_cache_hit_rate`)",
     ),
     Family(
         "kvwatch_time_to_first_token_seconds",

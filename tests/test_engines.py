@@ -167,8 +167,8 @@ def _hit_ratio(engine: str, bodies: list[str]) -> float | None:
 
 
 def test_prefix_cache_hit_ratio_from_each_engines_own_figures():
-    """TensorRT-LLM exports a hit-rate gauge, not counters: its mean over the window; so does SGLang, whose counters
-    (prompt_tokens_total, cached_tokens_total) come first where it exports them. llama.cpp counts the
+    """SGLang and TensorRT-LLM export a hit-rate gauge: its mean over the window, where their counters of prompt
+    tokens and of those served from the cache are not exported (they come first). llama.cpp counts the
     prompt tokens its prompt cache served (prompt_tokens_cached_total) beside those it computed (prompt_tokens_total):
     cached / all. An engine that exports neither has no ratio: unknown, not 0."""
     sglang_ = "# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs 2\nsglang:cache_hit_rate {}\n"
@@ -180,6 +180,11 @@ def test_prefix_cache_hit_ratio_from_each_engines_own_figures():
     assert _hit_ratio("sglang", [counted.format(0.9, 1000, 100), counted.format(0.9, 1400, 200)]) == pytest.approx(0.25)
     trt = "trtllm_num_requests_running 2\ntrtllm_kv_cache_hit_rate {}\n"
     assert _hit_ratio("trtllm", [trt.format(r) for r in (0.5, 0.7)]) == pytest.approx(0.6)
+    trt_counted = trt + "".join(
+        f"# TYPE trtllm_{name} counter\ntrtllm_{name}_total {{}}\n"
+        for name in ("prompt_tokens", "prompt_cached_tokens")
+    )
+    assert _hit_ratio("trtllm", [trt_counted.format(0.9, 500, 0), trt_counted.format(0.9, 1500, 500)]) == 0.5
     llama = "# TYPE llamacpp:requests_processing gauge\nllamacpp:requests_processing 1\n" + "".join(
         f"# TYPE llamacpp:{name} counter\nllamacpp:{name} {{}}\n"
         for name in ("n_decode_total", "prompt_tokens_total", "prompt_tokens_cached_total")

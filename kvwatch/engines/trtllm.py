@@ -115,6 +115,10 @@ def _read_counters(fams: dict[str, Family], snap) -> None:
         c = snap(smp.labels).counters
         if smp.name.endswith("_total") and Counter.PROMPT_TOKENS in c:
             c[Counter.PROMPT_TOKENS_COMPUTED] = max(0.0, c[Counter.PROMPT_TOKENS] - smp.value)
+            # prompt tokens looked up / found in the reused KV blocks, per finished request: the hit ratio from
+            # counters, before the kv_cache_hit_rate gauge
+            c[Counter.PREFIX_CACHE_QUERIES] = c[Counter.PROMPT_TOKENS]
+            c[Counter.PREFIX_CACHE_HITS] = smp.value
 
 
 def _read_limits(fams: dict[str, Family], snap) -> None:
