@@ -69,15 +69,15 @@ _BOTTLENECK_INFO: dict[Bottleneck, tuple[str, str, str]] = {
     Bottleneck.NONE: (
         "serving, no queue",
         "green",
-        "serving, no queue building: nothing waits, or a request caught between arrival and admission, or arrivals "
-        "between steps at the batch's scale",
+        "serving, nothing waits",
     ),
     # Not a limit: it never pages (alerts/generate.py --check), and its confidence is always low.
     Bottleneck.UNDETERMINED: (
         "undetermined",
         "light-blue",
-        "requests wait and no limit can be named yet: too little history (the evidence says what is missing and "
-        "how long until kvwatch can tell), or no limit shows; never pages",
+        "requests wait and no limit can be named: too little history (the evidence says what is missing and how "
+        "long until kvwatch can tell), a request caught between arrival and admission, arrivals between steps at the "
+        "batch's scale, or no limit shows; never pages",
     ),
     Bottleneck.ASLEEP: (
         "asleep",

@@ -229,9 +229,9 @@ SENTENCES: dict[str, str] = {
         "{waiting!n} requests waiting; Running peaked at {peak!n} of max_num_seqs={ceiling} (configured) "
         "over the last {samples} samples with a queue"
     ),
-    "brief_wait": "{waiting!n} request waiting briefly; no limit binding",
+    "brief_wait": "{waiting!n} request waiting briefly (between arrival and admission): no limit named",
     "small_queue": "{waiting!n} waiting with {running!n} running, under {share:.0%} of Running: arrivals between steps "
-    "at this scale, no limit binding",
+    "at this scale, no limit named",
     "queue_just_formed": "{waiting!n} waiting with {running!n} running: a queue has just formed, no limit named yet",
     "too_young": (
         "too little history to name a limit ({need}): {more} more sample{plural} of the queue{seconds_text} until "
@@ -691,11 +691,12 @@ def near_configured_ceiling(s: Signals, hints: Hints, th: Thresholds) -> Verdict
 
 
 def brief_wait(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
-    """One request caught between arrival and admission is not a queue: Poisson traffic does that."""
+    """One request caught between arrival and admission is not a queue a limit builds: Poisson traffic does that.
+    It still waits, so the verdict is undetermined (no limit named), never "none"."""
     if _waiting(s) >= th.brief_queue_requests or s.queue.waiting_recent_min:
         return None
     reason = "one request between arrival and admission"
-    return Verdict(Bottleneck.NONE, [("brief_wait", {"waiting": _waiting(s)})], confidence=MEDIUM, reason=reason)
+    return Verdict(Bottleneck.UNDETERMINED, [("brief_wait", {"waiting": _waiting(s)})], confidence=LOW, reason=reason)
 
 
 def queue_just_formed(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
@@ -921,13 +922,14 @@ def _too_young(s: Signals, hints: Hints, th: Thresholds) -> Fact:
 
 def small_queue(s: Signals, hints: Hints, th: Thresholds) -> Verdict | None:
     """A queue under ``small_queue_share`` of Running that no rule above explains: at GPU scale the arrivals
-    between two steps; naming a limit on it would be by elimination."""
+    between two steps; naming a limit on it would be by elimination. Requests still wait: undetermined, never
+    "none"."""
     if not _small_for_batch(s, th):
         return None
     waiting, running = _waiting(s), _running(s)
     fact = ("small_queue", {"waiting": waiting, "running": running, "share": th.small_queue_share})
     return Verdict(
-        Bottleneck.NONE, [fact], confidence=MEDIUM, reason="a queue small for the batch: arrivals between steps"
+        Bottleneck.UNDETERMINED, [fact], confidence=LOW, reason="a queue small for the batch: arrivals between steps"
     )
 
 

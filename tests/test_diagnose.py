@@ -378,9 +378,10 @@ def test_a_configured_ceiling_reached_is_seen_not_inferred():
         assert e.max_num_seqs == (2, "configured") and e.confidence_reason == "Running at the configured max_num_seqs"
 
 
-def test_one_request_waiting_briefly_is_none_with_medium_confidence():
-    """Poisson traffic leaves a request between arrival and admission now and then: not a queue (none, medium), unlike
-    a queue that persists with no limit seen (undetermined, low)."""
+def test_one_request_waiting_briefly_is_undetermined_never_none():
+    """Poisson traffic leaves a request between arrival and admission now and then: no limit is named, but a request
+    waits, so never "none" (the brief: never say "none" while requests wait). The evidence tells it from a queue that
+    persists with no limit seen."""
     brief = dict(
         requests_waiting=1.0,
         requests_running=6.0,
@@ -395,11 +396,32 @@ def test_one_request_waiting_briefly_is_none_with_medium_confidence():
         waiting_recent_min=0.0,
     )
     d = diagnose_engine(_sig(streak=streak([6, 6], [1, 1], 0.1, 300.0), **brief))
-    assert d.bottleneck == "none" and d.confidence == Confidence.MEDIUM
-    assert d.evidence[0] == "1 request waiting briefly; no limit binding"
+    assert d.bottleneck == "undetermined" and d.confidence == Confidence.LOW
+    assert d.evidence[0] == "1 request waiting briefly (between arrival and admission): no limit named"
     persisting = brief | dict(waiting_recent_min=1.0, waiting_streak=3)
     d = diagnose_engine(_sig(streak=streak([6, 6, 6], [1, 1, 1], 0.1, 300.0), **persisting))
     assert d.bottleneck == "undetermined" and d.confidence == Confidence.LOW and "no limit identified" in d.evidence[0]
+
+
+def test_a_queue_small_for_the_batch_is_undetermined_never_none():
+    """At GPU scale, 3 waiting beside 120-200 running (no plateau) are arrivals between two steps: no limit
+    is named by elimination, and since requests wait the answer is undetermined, never "none"."""
+    small = dict(
+        requests_waiting=3.0,
+        requests_running=150.0,
+        kv_cache_usage_ratio=0.3,
+        kv_usage_recent_max=0.3,
+        preemptions_per_second=0.0,
+        running_mean=158.0,
+        running_recent_max=200.0,
+        running_max_waiting=200.0,
+        waiting_samples=6,
+        waiting_streak=6,
+        waiting_recent_min=2.0,
+    )
+    d = diagnose_engine(_sig(streak=streak([120, 160, 200, 140, 180, 150], [2, 3, 2, 3, 3, 3], 0.3, 9000.0), **small))
+    assert d.bottleneck == "undetermined" and d.confidence == Confidence.LOW, d.evidence
+    assert "arrivals between steps" in d.evidence[0], d.evidence
 
 
 def _flag_names(flag: str) -> tuple[str, ...]:

@@ -202,8 +202,8 @@ def test_help_lists_the_flags():
 
 def test_no_record_with_requests_waiting_reads_none():
     """Issue 25: "none" says the server is fine. On every real log and every example log, a record with requests
-    waiting (beyond one request between arrival and admission, or arrivals between steps at the batch's scale,
-    which say so) names a limit or is undetermined, at low confidence, saying what it lacks."""
+    waiting names a limit or is undetermined, at low confidence, saying what it lacks (one request between arrival
+    and admission, or arrivals between steps at the batch's scale, say so)."""
     logs = sorted(FIXTURES.glob("*/server.log")) + sorted((FIXTURES.parent / "logs").glob("*.log"))
     waited = 0
     for log in logs:
@@ -212,8 +212,7 @@ def test_no_record_with_requests_waiting_reads_none():
                 continue
             waited += 1
             text = " ".join(r["evidence"])
-            if r["bottleneck"] == "none":
-                assert "briefly" in text or "arrivals between steps" in text, (log.name, r["line"], text)
+            assert r["bottleneck"] != "none", (log.name, r["line"], text)
             if r["bottleneck"] == "undetermined":
                 assert r["confidence"] == "low", (log.name, r["line"], text)
     assert waited >= 40
