@@ -20,10 +20,10 @@ import pytest
 from kvwatch.catalog import Bottleneck, ReportThresholds
 from kvwatch.diagnose import Hints
 from kvwatch.history import TargetHistory
-from kvwatch.report.bench import read_stage
-from kvwatch.report.model import Slo, build_report
+from kvwatch.report.bench import Stage, read_stage
+from kvwatch.report.model import Slo, build_report, stage_verdict
 from kvwatch.report.render import MAX_POINTS, downsample, render_markdown
-from kvwatch.report.source import from_history, from_recording
+from kvwatch.report.source import Timeline, from_history, from_recording
 from kvwatch.state import Target
 from tests.helpers.bench_results import vllm_result, write_result
 from tests.helpers.recordings import FIXTURES, recording
@@ -310,3 +310,23 @@ def test_a_real_vllm_bench_serve_sweep(monkeypatch):
         "vllm-bench-c16.json",
     )
     assert model["limits"]["max_num_seqs"] == {"value": 4, "source": "inferred"}
+
+
+def test_a_stage_where_requests_waited_but_no_one_limit_held_is_undetermined_never_none():
+    """A stage whose snapshots split between limits, none reaching a quarter, while requests waited in over a quarter
+    of them: no limit binds it, and since requests waited it is undetermined (with the waiting share), not "none"."""
+
+    def stage(bottlenecks: list[str]) -> dict:
+        n = len(bottlenecks)
+        tl = Timeline(
+            "t", "recording", 1.0, {"t": [float(i) for i in range(n)], "up": [1.0] * n, "bottleneck": bottlenecks}
+        )
+        st = Stage("s", 0.0, n - 1.0, "date field", 1, None, 1, 1, None, 1.0, 1.0, None)
+        return stage_verdict(tl, st, ReportThresholds())
+
+    mixed = stage(["kv_cache"] * 2 + ["max_num_seqs"] * 2 + ["undetermined"] * 2 + ["none"] * 4)  # 20 % each
+    assert (mixed["binding"], mixed["binding_share"]) == ("undetermined", 0.6), mixed
+    calm = stage(["kv_cache"] * 2 + ["none"] * 8)
+    assert (calm["binding"], calm["binding_share"]) == ("none", 0.8), calm
+    held = stage(["kv_cache"] * 3 + ["max_num_seqs"] * 2 + ["none"] * 5)
+    assert (held["binding"], held["binding_share"]) == ("kv_cache", 0.3), held

@@ -143,12 +143,15 @@ def stage_verdict(tl: Timeline, stage: Stage, th: ReportThresholds) -> dict:
     verdicts = {k: round(n / len(idx), 4) for k, n in seen.most_common()}
     limits = [(n, k) for k, n in seen.items() if Bottleneck(k) not in _NOT_LIMITS]
     n, top = max(limits, key=lambda x: (x[0], Bottleneck(x[1]).severity)) if limits else (0, None)
-    binding = top if top is not None and n / len(idx) >= th.binding_share else str(Bottleneck.NONE)
-    share = (
-        verdicts.get(binding, 0.0)
-        if binding != Bottleneck.NONE
-        else round(sum(verdicts.get(str(b), 0.0) for b in _NOT_LIMITS), 4)
-    )
+    queued = sum(n for n, _ in limits) / len(idx)  # snapshots where requests waited (or worse)
+    if top is not None and n / len(idx) >= th.binding_share:
+        binding, share = top, verdicts[top]
+    elif queued >= th.binding_share:
+        # Requests waited in a binding share of the stage, but no one limit held it: undetermined, never "none"
+        # while requests wait.
+        binding, share = str(Bottleneck.UNDETERMINED), round(queued, 4)
+    else:
+        binding, share = str(Bottleneck.NONE), round(sum(verdicts.get(str(b), 0.0) for b in _NOT_LIMITS), 4)
     return {
         **out,
         "binding": binding,
