@@ -34,7 +34,7 @@ WARMUP = 5.0
 SHARE = 0.8
 #: Without the hint, max_num_seqs is named only on a plateau (catalog.Thresholds.plateau_*: Running at its window
 #: maximum in 3 of the last 5 samples, prompts admitted meanwhile); on a loaded 2-core machine 1-s samples of
-#: Running dip while every slot is busy, and kvwatch then says none (low confidence: no limit identified), the
+#: Running dip while every slot is busy, and kvwatch then says undetermined (low: no limit identified), the
 #: honest answer, not a wrong one. 67 of 87 saturated samples (77 %) at load ~4 here; 3 of 9 in a lockstep
 #: burst before a rise back to the maximum after a dip counted as a plateau (diagnose._plateau). The share
 #: still fails a kvwatch that never infers the ceiling; naming a wrong limit is caught separately below.
