@@ -110,6 +110,10 @@ class EngineHistory:
         # The slots of the last scrape that read them (llama.cpp's /slots): an idle server's /slots is not read (state's
         # serving), and each slot's n_ctx is configuration, the same until a restart
         self.slots_seen: tuple[SlotContext, ...] | None = None
+        # The highest running-request ceiling the engine showed since its last restart: llama.cpp's, read from its busy
+        # slots while requests are deferred, can read low for one scrape (engines/llamacpp.py); an exported one is
+        # configuration, the same until a restart
+        self.ceiling_seen: int | None = None
         self.resets = 0
 
     def add(self, t: float, snap: EngineSnapshot) -> None:
@@ -130,6 +134,9 @@ class EngineHistory:
         }
         if reset:
             self.resets += 1
+            self.ceiling_seen = None
+        if snap.max_running_requests:
+            self.ceiling_seen = max(self.ceiling_seen or 0, snap.max_running_requests)
         full = bool(snap.max_lora and (snap.lora_running or 0) >= snap.max_lora)
         filled = contexts_filled(prev.slots if prev else None, snap.slots)
         self.points.append(Point(t, dict(snap.gauges), counters, hists, full, filled))
@@ -293,7 +300,8 @@ class CapacitySignals:
     asleep: bool | None = None  # vLLM's engine_sleep_state, latest scrape (None: not exported)
     sleep_level: int | None = None  # 1 weights offloaded to CPU, 2 weights discarded
     # Limits the engine exports itself (TensorRT-LLM's max_num_active_requests / max_num_tokens, llama.cpp's busy
-    # slots while requests are deferred), latest scrape: the rules take them as configured
+    # slots while requests are deferred), latest scrape (its ceiling the highest seen since the engine's restart): the
+    # rules take them as configured
     max_running_requests: int | None = None
     max_step_tokens: int | None = None
 
@@ -679,7 +687,9 @@ def capacity_signals(
     if latest is not None:
         c.cache = latest.cache
         c.lora_running, c.lora_waiting, c.max_lora = latest.lora_running, latest.lora_waiting, latest.max_lora
-        c.max_running_requests, c.max_step_tokens = latest.max_running_requests, latest.max_step_tokens
+        c.max_step_tokens = latest.max_step_tokens
+        if latest.max_running_requests:
+            c.max_running_requests = max(latest.max_running_requests, history.ceiling_seen or 0)
         if latest.sleep_level is not None:  # SLEEP_LEVEL_UNKNOWN (-1): asleep, level None
             c.asleep, c.sleep_level = latest.sleep_level != 0, latest.sleep_level if latest.sleep_level > 0 else None
     cap = c.cache.capacity_tokens if c.cache else None

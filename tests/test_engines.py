@@ -329,6 +329,40 @@ def test_llamacpp_slots_full_with_requests_deferred_names_the_slot_ceiling_read_
         assert serving and all(any(x.startswith("KV cache judged per slot only") for x in e.evidence) for e in serving)
 
 
+@pytest.mark.parametrize("slots", [True, False], ids=["slots", "metrics-only"])
+def test_llamacpp_a_scrape_between_a_slots_release_and_its_next_request_keeps_the_slot_ceiling(slots):
+    """llama.cpp posts /metrics' task at the front of its queue, so a scrape can land after a finished request freed its
+    slot and before the deferred request it re-queued takes it: one busy slot of two, requests still deferred (a CI run
+    of tests/test_llamacpp_server.py saw it). The ceiling stays --parallel 2: /slots lists both slots, and without it
+    the window keeps the most seen since the restart. A restart (its counters back to 0) forgets it: a server started
+    again with --parallel 1 has a ceiling of 1."""
+    t = Target("llamacpp")
+    recorded = [(ts, read_recorded(p)) for ts, p in recording(LLAMACPP / "slot_ceiling")]
+    deferring = [(ts, b, x) for ts, (b, x) in recorded if "llamacpp:requests_deferred 12\n" in b]
+    for ts, body, extra in [(ts, b, x) for ts, (b, x) in recorded if ts < deferring[0][0]] + deferring[:1]:
+        t.observe_body(ts, body, extra if slots else None)
+    ts, body, extra = deferring[0]
+    released = body.replace("llamacpp:requests_processing 2\n", "llamacpp:requests_processing 1\n")
+    assert released != body
+    t.observe_body(ts + 0.5, released, extra if slots else None)
+    (e,) = t.diagnose(ts + 0.5).engines
+    assert e.signals.queue.running == 1 and e.signals.queue.waiting == 12
+    assert e.max_num_seqs == (2, "configured") and e.bottleneck is Bottleneck.MAX_NUM_SEQS, e.evidence
+    assert not any(" 1 " in line and "max_num_seqs" in line for line in e.evidence), e.evidence
+    if slots:  # /slots' count even when that scrape is the first kvwatch sees
+        fresh = Target("llamacpp")
+        fresh.observe_body(ts, released, extra)
+        assert fresh.diagnose(ts).engines[0].max_num_seqs == (2, "configured")
+
+    restarted = "\n".join(
+        f"{line.split()[0]} 0" if line.split()[0].endswith("_total") else line for line in released.splitlines()
+    ).replace("llamacpp:requests_deferred 12", "llamacpp:requests_deferred 3")
+    one_slot = json.dumps([{"id": 0, "n_ctx": 1024, "is_processing": True, "id_task": 0, "n_prompt_tokens": 70}])
+    t.observe_body(ts + 1.0, restarted + "\n", one_slot.encode() if slots else None)
+    (e,) = t.diagnose(ts + 1.0).engines
+    assert e.max_num_seqs == (1, "configured"), e.evidence
+
+
 def test_llamacpp_slot_context_stays_known_once_the_server_idles_and_its_slots_are_not_read():
     """As the scrape loop reads it: /slots only while the server serves (Target.serving), then the last body again
     and again, the server idle. The window still holds the requests cut short, so kv_cache stays named for a while;

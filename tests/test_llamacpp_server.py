@@ -73,8 +73,11 @@ def test_more_requests_than_slots_are_deferred_while_every_slot_is_busy(model: P
         seen = scrape_during(server, load)
         overloaded = [s for s in seen if s["llamacpp:requests_deferred"] > 0]
         assert overloaded, f"no scrape saw a deferred request: {seen}"
-        # A request waits in the deferred queue only while every slot is taken.
-        assert all(s["llamacpp:requests_processing"] == PARALLEL for s in overloaded), overloaded
+        # A request waits in the deferred queue only while every slot is taken: the slot ceiling is seen. Not in every
+        # such scrape: /metrics' task goes to the front of the server's queue, so it can land between a slot's release
+        # and the deferred request it re-queued taking it (kvwatch/engines/llamacpp.py; a CI run saw 1 busy slot).
+        assert any(s["llamacpp:requests_processing"] == PARALLEL for s in overloaded), overloaded
+        assert all(s["llamacpp:requests_processing"] <= PARALLEL for s in seen), seen
         assert max(s["llamacpp:requests_deferred"] for s in seen) <= n_requests - PARALLEL
         final = seen[-1]
         assert final["llamacpp:requests_processing"] == 0 and final["llamacpp:requests_deferred"] == 0

@@ -4,7 +4,11 @@
 server's ``/metrics`` handler and from a real server under load, tests/fixtures/engines/llamacpp):
 - ``requests_processing`` is the slots busy; ``requests_deferred`` the requests waiting because no slot was free
   (the server defers a task when ``get_available_slot`` finds none). So while requests are deferred, the busy slots
-  *are* the slot count (``--parallel``): the ceiling is read, not inferred.
+  *are* the slot count (``--parallel``): the ceiling is read, not inferred. Bar one moment: a finished request's
+  slot is released and the deferred task it frees goes to the front of the server's task queue, but ``/metrics``
+  posts its own task there too (``post(task, true)``, high priority), so a scrape can land before that request takes
+  the slot: fewer busy slots, requests still deferred (seen once in CI). Hence /slots' count where it is read (every
+  slot is listed), and the window keeps the most seen (``EngineHistory.ceiling_seen``).
 - ``prompt_tokens_total`` (computed, cached ones excluded: ``prompt_tokens_cached_total`` counts those) moves when a
   prompt is processed, ``tokens_predicted_total`` only when a request ends; ``n_decode_total`` (one per
   ``llama_decode`` call) moves while tokens flow, so it is the engine's progress (a stall is no decode).
@@ -104,7 +108,8 @@ def read(families: dict[str, Family], max_engines: int = 64) -> dict[tuple[str, 
 
 
 def _slots_when_deferring(s: EngineSnapshot) -> int | None:
-    """Requests are deferred only when no slot is free: then the busy slots are all of them (--parallel)."""
+    """Requests are deferred only when no slot is free: then the busy slots are all of them (--parallel), bar the
+    moment a slot was just released (module docstring): a lower bound that fill_slots and the window correct."""
     busy, deferred = s.gauges.get(Gauge.REQUESTS_RUNNING), s.gauges.get(Gauge.REQUESTS_WAITING)
     return int(busy) if busy and deferred and deferred > 0 else None
 
@@ -149,13 +154,16 @@ def _slot(x: object) -> SlotContext | None:
 
 
 def fill_slots(parsed: object, snaps: Snapshots) -> None:
-    """The slots onto the server's snapshot (one: llama.cpp's metrics have no labels), and the fullest busy slot's
-    share of its context (0 when none is busy: a known nothing, not an unknown)."""
+    """The slots onto the server's snapshot (one: llama.cpp's metrics have no labels), the fullest busy slot's
+    share of its context (0 when none is busy: a known nothing, not an unknown), and, while requests are deferred,
+    the slot count as the ceiling rather than the busy slots (see the module's docstring)."""
     slots: tuple[SlotContext, ...] = parsed  # type: ignore[assignment]  # parse_slots' result
     busy = [min(1.0, s.tokens / s.n_ctx) for s in slots if s.busy]
     for snap in snaps.values():
         snap.slots = slots
         snap.gauges[Gauge.CONTEXT_USED_MAX_RATIO] = max(busy, default=0.0)
+        if snap.max_running_requests is not None and slots:  # deferring: /slots lists every slot, busy or not
+            snap.max_running_requests = len(slots)
 
 
 def record_slots(parsed: object) -> bytes:
